@@ -1,0 +1,213 @@
+"""LISA (Wu et al., WWW 2021): linear-time self-attention over codeword histograms.
+
+Each item embedding is quantized by B codebooks of W codewords. Within one codebook every item mapped
+to codeword w has the same key and value, so causal attention over the L positions becomes attention
+over the W codewords, each weighted by its count in the prefix (a cumulative histogram). With B
+codebooks the model runs one such attention per codebook, the query being the item's own codeword in
+that codebook, and sums the B outputs (Eq. 9-11). The codeword-codeword logits come from a B×W×W table,
+so a sequence costs O(L·B·W) for the weights and O(L·B·W·D) for the output: there is no L×L tensor
+anywhere. The attention itself is :func:`kernels.causal_histogram_attention` (Triton on CUDA, the torch
+reference elsewhere); this file builds its inputs.
+
+Choices on the spec's gaps (``/work/shared/specs/lisa.md``; where paper and code differ we follow the
+authors' code, which produced the numbers):
+1. **Quantizer**: residual ("recurrent") encoding with full-D codewords and a bilinear similarity
+   r·U·c shared by the B codebooks, no linear terms (code, not Eq. 2); deterministic tempered softmax
+   π = softmax(logits / τ), τ = 0.7, **no Gumbel noise**; hard straight-through assignment
+   ĥ = π + stopgrad(onehot(argmax) − π), so the forward pass is exactly hard.
+2. **Attention**: per-codebook Q/K/V projections of the codewords (code; Eq. 11 has one shared set),
+   M_b = (C_b P^Q_b)(C_b P^K_b)ᵀ / √D (the code's 1/√D, absent from the paper), values C_b P^V_b; the
+   B outputs are summed, no output projection, no attention dropout; the table is rebuilt every forward.
+   The query code is the (detached) argmax.
+3. **Histogram decay**: the authors' code decays the histogram, F̃_i = γ F̃_{i−1} + ĥ_i with
+   γ = exp(−λ). ``decay`` is λ and **defaults to the code's 0.1** (≈ 10 items per e-fold); ``decay=0``
+   gives the paper's plain prefix sums, where word order enters only through the position embeddings.
+   The current item is counted (no self-exclusion).
+4. **Padding**: the contract is left padding, so assignments at padding are zeroed before the histogram
+   (the kernel then gives exactly 0 there) and padding never enters a prefix count.
+5. **Block** (code): z = drop(x̂ + p) with a learned position table (added to the residual stream only,
+   never to the codes), y = LN(z + drop(o)), h = LN(y + drop(FFN(y))), ReLU FFN of width ``inner_size``
+   (= D in the paper); one layer (the paper's multi-layer extension is not evaluated there).
+6. **Embeddings**: lookups scaled by √D, Xavier-normal init with row 0 zeroed; codebooks Xavier-normal,
+   U Xavier-normal, projections Xavier-uniform, each initialised per codebook as a (W, D) or (D, D)
+   matrix (the code's fan-in for its 3-d tensors is not recoverable; per-matrix init keeps codewords and
+   projections on the scale of the embeddings).
+7. **Variants**: ``base`` = hard codes, targets are the same quantizer's hard codeword sums (8×128 on
+   ML-1M, 8×256 elsewhere); ``soft`` = the softmax π in the histogram, the soft reconstruction Σ π·C
+   as the sequence input, raw (unquantized) targets, and the code's auxiliary loss
+   ``aux_weight``·mean‖e − stopgrad(x̃)‖² (0.01; paper W = 16); ``mini`` = hard codes on small sequence
+   codebooks (paper 8×32) plus separate target codebooks (``target_codebooks`` × ``target_codewords``,
+   8×128 on ML-1M) with their own U. The dataclass defaults are LISA-Base on ML-1M; the search spaces
+   set the paper's W per variant.
+8. **Objective**: the authors train with BCE and one uniform negative per position, so ``bce`` is the
+   default; the model is causal, so ``causal`` (full CE at every position) and ``last`` are offered too.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels import causal_histogram_attention
+from models.base import ModelConfig, SeqRecModel, probability_errors
+from models.blocks import FeedForward
+from models.registry import register
+
+VARIANTS = ("base", "soft", "mini")
+
+
+@dataclass
+class LISAConfig(ModelConfig):
+    hidden_size: int = 128
+    num_codebooks: int = 8  # B
+    num_codewords: int = 128  # W of the sequence codebooks (paper: Base 128 on ML-1M, Soft 16, Mini 32)
+    variant: str = "base"
+    target_codebooks: int = 8  # mini only: the separate target quantizer
+    target_codewords: int = 128
+    temperature: float = 0.7  # τ of the quantizer's tempered softmax
+    decay: float = 0.1  # λ of the decayed histogram, γ = exp(−λ); 0 = plain cumulative histogram
+    aux_weight: float = 0.01  # soft only: weight of the reconstruction loss
+    inner_size: int = 128
+    dropout: float = 0.1
+
+    def constraint_errors(self) -> list[tuple[str, str]]:
+        errors = super().constraint_errors() + probability_errors(self, "dropout")
+        if self.variant not in VARIANTS:
+            errors.append(("variant", f"must be one of {VARIANTS}, got {self.variant!r}"))
+        for books, words in (("num_codebooks", "num_codewords"), ("target_codebooks", "target_codewords")):
+            if books.startswith("target") and self.variant != "mini":
+                continue
+            if getattr(self, books) < 1:
+                errors.append((books, f"must be >= 1, got {getattr(self, books)}"))
+            if getattr(self, words) < 2:
+                errors.append((words, f"must be >= 2 (one codeword cannot tell items apart), "
+                                      f"got {getattr(self, words)}"))
+        if self.temperature <= 0:
+            errors.append(("temperature", f"must be > 0, got {self.temperature}"))
+        if not math.isfinite(self.decay) or self.decay < 0:
+            errors.append(("decay", f"must be >= 0 (0 = no decay), got {self.decay}"))
+        if self.aux_weight < 0:
+            errors.append(("aux_weight", f"must be >= 0, got {self.aux_weight}"))
+        if self.inner_size < 1:
+            errors.append(("inner_size", f"must be >= 1, got {self.inner_size}"))
+        return errors
+
+
+class Quantized(NamedTuple):
+    assign: torch.Tensor  # (..., B, W): straight-through one-hot ĥ, or π for soft assignments
+    codes: torch.Tensor  # (..., B) long: argmax code per codebook
+    vectors: torch.Tensor  # (..., D): Σ_b assign_b · C_b, the quantized (or soft-reconstructed) embedding
+
+
+class ResidualQuantizer(nn.Module):
+    """B codebooks of W codewords; codebook b encodes the residual left by codebooks 1..b−1."""
+
+    def __init__(self, num_codebooks: int, num_codewords: int, hidden_size: int, temperature: float):
+        super().__init__()
+        self.codebooks = nn.Parameter(torch.empty(num_codebooks, num_codewords, hidden_size))
+        self.bilinear = nn.Parameter(torch.empty(hidden_size, hidden_size))  # U, shared by the codebooks
+        self.temperature = temperature
+        for book in self.codebooks.data:
+            nn.init.xavier_normal_(book)
+        nn.init.xavier_normal_(self.bilinear)
+
+    def forward(self, x: torch.Tensor, soft: bool = False) -> Quantized:
+        residual, assigns, codes, vectors = x, [], [], 0.0
+        for book in self.codebooks:
+            logits = (residual @ self.bilinear) @ book.T
+            probs = (logits / self.temperature).softmax(-1)
+            code = logits.argmax(-1)
+            # straight-through: exactly one-hot forward, gradient of the tempered softmax backward
+            assign = probs if soft else probs + (F.one_hot(code, book.shape[0]).to(probs) - probs).detach()
+            chosen = assign @ book
+            residual = residual - chosen
+            assigns.append(assign)
+            codes.append(code)
+            vectors = vectors + chosen
+        return Quantized(torch.stack(assigns, -2), torch.stack(codes, -1), vectors)
+
+
+@register("lisa")
+class LISA(SeqRecModel):
+    config_class = LISAConfig
+    objectives = ("causal", "last", "bce")
+    default_objective = "bce"
+
+    def __init__(self, config: LISAConfig):
+        super().__init__(config)
+        c = config
+        d, books = c.hidden_size, c.num_codebooks
+        self.items = nn.Embedding(c.num_items + 1, d, padding_idx=0)
+        self.positions = nn.Embedding(c.max_len, d)
+        self.quantizer = ResidualQuantizer(books, c.num_codewords, d, c.temperature)
+        self.target_quantizer = (ResidualQuantizer(c.target_codebooks, c.target_codewords, d, c.temperature)
+                                 if c.variant == "mini" else None)
+        self.query_proj, self.key_proj, self.value_proj = (nn.Parameter(torch.empty(books, d, d)) for _ in range(3))
+        self.ffn = FeedForward(d, c.inner_size, c.dropout, activation="relu")
+        self.norm_attn, self.norm_ffn = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.dropout = nn.Dropout(c.dropout)
+        self.gamma = math.exp(-c.decay) if c.decay > 0 else None
+        self.scale = math.sqrt(d)
+        self._aux_loss: torch.Tensor | None = None
+
+        nn.init.xavier_normal_(self.items.weight)
+        nn.init.xavier_normal_(self.positions.weight)
+        with torch.no_grad():
+            self.items.weight[0].zero_()
+        for proj in (self.query_proj, self.key_proj, self.value_proj):
+            for matrix in proj.data:
+                nn.init.xavier_uniform_(matrix)
+        for linear in (self.ffn.up, self.ffn.down):
+            nn.init.xavier_uniform_(linear.weight)
+            nn.init.zeros_(linear.bias)
+
+    def embed(self, items: torch.Tensor) -> torch.Tensor:
+        return self.items(items) * self.scale
+
+    def tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (B, W, W) codeword logit table M (1/√D included) and the (B, W, D) value codewords."""
+        books = self.quantizer.codebooks
+        queries, keys = books @ self.query_proj, books @ self.key_proj
+        return queries @ keys.transpose(1, 2) / self.scale, books @ self.value_proj
+
+    def histogram_attention(self, quantized: Quantized, valid: torch.Tensor) -> torch.Tensor:
+        """Causal codeword-histogram attention of a quantized window: (B, L, D)."""
+        assign = quantized.assign * valid[..., None, None]  # padding never enters a prefix histogram
+        logits, values = self.tables()
+        return causal_histogram_attention(assign, quantized.codes, logits, values, decay=self.gamma)
+
+    def forward(self, items: torch.Tensor) -> torch.Tensor:
+        valid = items > 0
+        embedded = self.embed(items)
+        soft = self.config.variant == "soft"
+        quantized = self.quantizer(embedded, soft=soft)
+        mixed = self.histogram_attention(quantized, valid)
+        if soft:
+            # the code's auxiliary loss: pull embeddings toward their (fixed) soft reconstructions
+            error = (embedded - quantized.vectors.detach()).pow(2).sum(-1)
+            self._aux_loss = self.config.aux_weight * error[valid].mean()
+        positions = torch.arange(items.shape[1], device=items.device)
+        x = self.dropout(quantized.vectors + self.positions(positions))
+        x = self.norm_attn(x + self.dropout(mixed))
+        x = self.norm_ffn(x + self.dropout(self.ffn(x)))
+        return x * valid.unsqueeze(-1)
+
+    def item_weights(self) -> torch.Tensor:
+        """Targets per variant: Base the shared quantizer's codes, Mini its target quantizer, Soft raw embeddings."""
+        embedded = self.embed_all()
+        if self.config.variant == "soft":
+            return embedded
+        quantizer = self.target_quantizer if self.target_quantizer is not None else self.quantizer
+        vectors = quantizer(embedded).vectors
+        return torch.cat([torch.zeros_like(vectors[:1]), vectors[1:]])  # row 0 (padding) is never ranked
+
+    def embed_all(self) -> torch.Tensor:
+        return self.items.weight * self.scale
+
+    def extra_losses(self) -> torch.Tensor | None:
+        return self._aux_loss if self.config.variant == "soft" else None

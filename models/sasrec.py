@@ -1,0 +1,74 @@
+"""SASRec (Kang & McAuley, ICDM 2018), the causal softmax-attention baseline of every seed paper.
+
+Defaults follow RecBole 1.2's ``SASRec.yaml``: d = 64, 2 layers, 2 heads, inner size 256, GELU,
+hidden and attention dropout 0.5, LayerNorm eps 1e-12, N(0, 0.02) init.
+
+Choices stated explicitly because the papers differ on them:
+- LayerNorm placement: **post-LN**, as in RecBole (``x = LN(x + drop(attn(x)))``), plus a LayerNorm
+  and dropout on the summed item + position embedding. The original TensorFlow SASRec is pre-LN;
+  set ``norm_first=True`` for it.
+- The output head is tied to the item embedding.
+- Trained by default with the ``causal`` objective (next-item CE over all items at every position),
+  which is what the SASRec paper's all-position training does with a softmax instead of BCE; the
+  ``bce`` objective reproduces the original one-negative loss, ``last`` RecBole's prefix samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from models.base import ModelConfig, SeqRecModel, heads_divide_hidden, init_weights, probability_errors
+from models.blocks import ATTENTION_BACKENDS, ItemEmbedding, SoftmaxAttention, TransformerBlock, TransformerEncoder
+from models.registry import register
+
+
+@dataclass
+class SASRecConfig(ModelConfig):
+    num_layers: int = 2
+    num_heads: int = 2
+    inner_size: int = 256
+    dropout: float = 0.5
+    attn_dropout: float = 0.5
+    activation: str = "gelu"
+    norm_first: bool = False
+    attention_backend: str = "sdpa"
+
+    def constraint_errors(self) -> list[tuple[str, str]]:
+        errors = super().constraint_errors() + heads_divide_hidden(self, self.num_heads)
+        errors += probability_errors(self, "dropout", "attn_dropout")
+        if self.num_layers < 1:
+            errors.append(("num_layers", f"must be >= 1, got {self.num_layers}"))
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            errors.append(("attention_backend", f"must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}"))
+        if self.activation not in ("gelu", "relu", "silu"):
+            errors.append(("activation", f"must be gelu, relu or silu, got {self.activation!r}"))
+        return errors
+
+
+@register("sasrec")
+class SASRec(SeqRecModel):
+    config_class = SASRecConfig
+    objectives = ("causal", "last", "bce")
+    default_objective = "causal"
+
+    def __init__(self, config: SASRecConfig):
+        super().__init__(config)
+        c = config
+        self.embedding = ItemEmbedding(c.num_items, c.max_len, c.hidden_size, c.dropout)
+        self.encoder = TransformerEncoder([
+            TransformerBlock(
+                SoftmaxAttention(c.hidden_size, c.num_heads, c.attn_dropout, causal=True, backend=c.attention_backend),
+                c.hidden_size, c.inner_size, c.dropout, c.activation, c.norm_first,
+            )
+            for _ in range(c.num_layers)
+        ], final_norm=torch.nn.LayerNorm(c.hidden_size, eps=1e-12) if c.norm_first else None)
+        self.apply(init_weights)
+
+    def forward(self, items: torch.Tensor) -> torch.Tensor:
+        valid = items > 0
+        return self.encoder(self.embedding(items), valid)
+
+    def item_weights(self) -> torch.Tensor:
+        return self.embedding.items.weight

@@ -1,0 +1,152 @@
+"""The one place for trainer and protocol defaults, and for turning ``key=value`` strings into typed configs.
+
+A trial is fully described by a model name, a dataset and a flat mapping of keys. Each key
+belongs to exactly one of :class:`TrainConfig` (trainer + evaluation protocol) or the model's own
+config dataclass, so ``--set`` on the command line and the sweep YAML use the same names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+import models
+from models import ConfigError
+
+EVAL_MODES = ("full", "sampled")
+NEGATIVE_SAMPLERS = ("uniform", "popularity")
+METRIC_KS = (5, 10, 20)
+SELECTION_METRIC = "ndcg@10"
+
+
+@dataclass
+class TrainConfig:
+    """Trainer and protocol settings. The protocol fields are recorded beside every result."""
+
+    # protocol
+    objective: str = "auto"  # auto = the model's default objective
+    eval_mode: str = "full"  # full ranking over all items, or `sampled` negatives
+    num_negatives: int = 100
+    negative_sampler: str = "uniform"
+    mask_history: bool = False  # RecBole's default: history items stay rankable
+    mask_prob: float = 0.2  # cloze only; BERT4Rec uses 0.2 on MovieLens, 0.6 on Beauty
+    prefixes_per_user: int = 0  # `last` only: 0 = every prefix (RecBole's augmentation), n = n random ones
+    # optimisation
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    batch_size: int = 128
+    max_epochs: int = 200
+    patience: int = 10  # epochs without a better validation NDCG@10 before stopping
+    time_budget_s: float = 0.0  # 0 = no limit; otherwise stop after the epoch that crosses it
+    grad_clip: float = 0.0
+    seed: int = 0
+    # execution
+    device: str = "auto"  # auto = cuda when available, else cpu
+    num_threads: int = 0  # 0 = leave torch's default; Ray trials set it to their CPU share
+    eval_batch_size: int = 256
+    measure_efficiency: bool = True
+
+    def constraint_errors(self) -> list[tuple[str, str]]:
+        errors = []
+        if self.objective != "auto" and self.objective not in models.OBJECTIVES:
+            errors.append(("objective", f"must be auto or one of {models.OBJECTIVES}, got {self.objective!r}"))
+        if self.eval_mode not in EVAL_MODES:
+            errors.append(("eval_mode", f"must be one of {EVAL_MODES}, got {self.eval_mode!r}"))
+        if self.negative_sampler not in NEGATIVE_SAMPLERS:
+            errors.append(("negative_sampler", f"must be one of {NEGATIVE_SAMPLERS}, got {self.negative_sampler!r}"))
+        if self.num_negatives < 1:
+            errors.append(("num_negatives", f"must be >= 1, got {self.num_negatives}"))
+        if not 0.0 < self.mask_prob < 1.0:
+            errors.append(("mask_prob", f"must be in (0, 1), got {self.mask_prob}"))
+        for key in ("batch_size", "max_epochs", "eval_batch_size"):
+            if getattr(self, key) < 1:
+                errors.append((key, f"must be >= 1, got {getattr(self, key)}"))
+        for key in ("prefixes_per_user", "patience", "num_threads"):
+            if getattr(self, key) < 0:
+                errors.append((key, f"must be >= 0, got {getattr(self, key)}"))
+        if self.lr <= 0:
+            errors.append(("lr", f"must be > 0, got {self.lr}"))
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            errors.append(("device", f"must be auto, cpu or cuda[:N], got {self.device!r}"))
+        return errors
+
+
+TRAIN_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+
+def field_type(field: dataclasses.Field, owner: type) -> type:
+    hint = typing.get_type_hints(owner)[field.name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return args[0]
+    return hint
+
+
+def coerce(key: str, value: Any, target: type) -> Any:
+    """Convert a command-line string (or a YAML scalar) to the declared type of ``key``."""
+    if isinstance(value, str):
+        text = value.strip()
+        if target is bool:
+            if text.lower() in ("1", "true", "yes", "on"):
+                return True
+            if text.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ConfigError([(key, f"expected a boolean, got {value!r}")])
+        try:
+            if target is int:
+                number = float(text)  # accepts "1e3" and "2.0" for integer keys
+                if not number.is_integer():
+                    raise ValueError
+                return int(number)
+            return target(text)
+        except ValueError:
+            raise ConfigError([(key, f"expected {target.__name__}, got {value!r}")]) from None
+    if target is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if target is int and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if not isinstance(value, target) or (target is int and isinstance(value, bool)):
+        raise ConfigError([(key, f"expected {target.__name__}, got {type(value).__name__} {value!r}")])
+    return value
+
+
+def split_settings(model_name: str, settings: dict[str, Any]) -> tuple[TrainConfig, dict[str, Any]]:
+    """Route each key to the trainer or the model config, typed; report every bad key at once.
+
+    ``num_items`` is not a user setting: it comes from the dataset.
+    """
+    model_fields = models.config_fields(model_name)
+    model_config_class = models.model_class(model_name).config_class
+    train_values, model_values, errors = {}, {}, []
+    for key, value in settings.items():
+        try:
+            if key in TRAIN_FIELDS:
+                train_values[key] = coerce(key, value, field_type(TRAIN_FIELDS[key], TrainConfig))
+            elif key in model_fields and key != "num_items":
+                model_values[key] = coerce(key, value, field_type(model_fields[key], model_config_class))
+            else:
+                known = sorted(set(TRAIN_FIELDS) | set(model_fields) - {"num_items"})
+                errors.append((key, f"unknown key for model {model_name}; known keys: {', '.join(known)}"))
+        except ConfigError as error:
+            errors.extend(error.errors)
+    if errors:
+        raise ConfigError(errors)
+    train = TrainConfig(**train_values)
+    errors = train.constraint_errors()
+    if errors:
+        raise ConfigError(errors)
+    return train, model_values
+
+
+def parse_assignments(pairs: list[str]) -> dict[str, str]:
+    """``["a=1", "b=x"]`` → ``{"a": "1", "b": "x"}``; a pair without ``=`` is an error naming it."""
+    settings = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError([(pair, "expected key=value")])
+        settings[key.strip()] = value
+    return settings

@@ -1,0 +1,112 @@
+"""Training objectives. Each maps a batch of left-padded windows (B, L + 1) to a scalar loss.
+
+A window's last column is the newest item. The objectives read it differently:
+- ``causal``: next-item softmax CE at every position (input = window[:, :-1], target = window[:, 1:]).
+  Efficient, and correct only for causal models.
+- ``last``: CE at the last position only (input = window[:, :-1], target = window[:, -1]). Windows are
+  prefixes of user sequences, produced by :func:`expand_prefixes`, which is RecBole's augmentation.
+- ``cloze``: BERT4Rec's masked-item CE over the newest L items.
+- ``bce``: the original SASRec loss, one uniformly sampled negative per position.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from models import ConfigError, SeqRecModel
+
+
+def resolve_objective(model: SeqRecModel, objective: str) -> str:
+    """The objective a trial uses; an objective the model cannot train with is a config error."""
+    chosen = model.default_objective if objective == "auto" else objective
+    if chosen not in model.objectives:
+        reason = {
+            "causal": "its token mixer is not causal, so all-position training would leak future items",
+            "cloze": "it is a causal-only model; cloze needs a bidirectional mixer and a mask token",
+        }.get(chosen, "it is not supported by this model")
+        raise ConfigError([("objective", f"{model.name} cannot train with {chosen!r}: {reason}; "
+                                         f"supported: {', '.join(model.objectives)}")])
+    return chosen
+
+
+def _full_softmax_ce(hidden: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    logits = hidden @ weights.T
+    logits[:, 0] = float("-inf")  # padding is never a valid prediction
+    return F.cross_entropy(logits, targets)
+
+
+def causal_loss(model: SeqRecModel, windows: torch.Tensor) -> torch.Tensor:
+    inputs, targets = windows[:, :-1], windows[:, 1:]
+    hidden = model(inputs)
+    scored = (targets > 0) & (inputs > 0)
+    return _full_softmax_ce(hidden[scored], targets[scored], model.item_weights())
+
+
+def last_loss(model: SeqRecModel, windows: torch.Tensor) -> torch.Tensor:
+    return _full_softmax_ce(model.last_hidden(windows[:, :-1]), windows[:, -1], model.item_weights())
+
+
+def cloze_loss(model: SeqRecModel, windows: torch.Tensor, mask_prob: float, generator: torch.Generator) -> torch.Tensor:
+    items = windows[:, 1:]
+    real = items > 0
+    masked = real & (torch.rand(items.shape, generator=generator, device="cpu").to(items.device) < mask_prob)
+    # every sequence predicts at least one item: mask its newest one if the coin flips left none
+    none_masked = ~masked.any(1)
+    masked[none_masked, -1] = real[none_masked, -1]
+    hidden = model(items.masked_fill(masked, model.mask_token))
+    return _full_softmax_ce(hidden[masked], items[masked], model.item_weights())
+
+
+def bce_loss(model: SeqRecModel, windows: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    inputs, targets = windows[:, :-1], windows[:, 1:]
+    hidden = model(inputs)
+    scored = (targets > 0) & (inputs > 0)
+    hidden, positives = hidden[scored], targets[scored]
+    weights = model.item_weights()
+    num_items = weights.shape[0] - 1
+    negatives = torch.randint(1, num_items + 1, positives.shape, generator=generator).to(positives.device)
+    # resample collisions once by shifting: keeps the draw uniform over the other items
+    negatives = torch.where(negatives == positives, negatives % num_items + 1, negatives)
+    pos_logits = (hidden * weights[positives]).sum(-1)
+    neg_logits = (hidden * weights[negatives]).sum(-1)
+    return F.softplus(-pos_logits).mean() + F.softplus(neg_logits).mean()
+
+
+def objective_loss(objective: str, model: SeqRecModel, windows: torch.Tensor, *, mask_prob: float,
+                   generator: torch.Generator) -> torch.Tensor:
+    if objective == "causal":
+        loss = causal_loss(model, windows)
+    elif objective == "last":
+        loss = last_loss(model, windows)
+    elif objective == "cloze":
+        loss = cloze_loss(model, windows, mask_prob, generator)
+    elif objective == "bce":
+        loss = bce_loss(model, windows, generator)
+    else:
+        raise ValueError(f"unknown objective {objective!r}")
+    extra = model.extra_losses()
+    return loss if extra is None else loss + extra
+
+
+def expand_prefixes(windows: np.ndarray, per_user: int, rng: np.random.Generator) -> np.ndarray:
+    """Turn user windows (U, L + 1) into prefix windows, each ending at one training target.
+
+    ``per_user = 0`` keeps every prefix (RecBole's augmentation); otherwise ``per_user`` targets are
+    drawn per user with replacement. Built with one gather, no loop over users.
+    """
+    width = windows.shape[1]
+    has_input = np.zeros_like(windows, dtype=bool)
+    has_input[:, 1:] = (windows[:, 1:] > 0) & (windows[:, :-1] > 0)
+    users, ends = np.nonzero(has_input)
+    if per_user and len(users):
+        counts = np.bincount(users, minlength=len(windows))
+        offsets = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        owners = np.repeat(np.flatnonzero(counts), per_user)
+        picks = offsets[owners] + (rng.random(len(owners)) * counts[owners]).astype(np.int64)
+        users, ends = users[picks], ends[picks]
+    columns = ends[:, None] - (width - 1) + np.arange(width)[None, :]
+    prefixes = windows[users[:, None], np.clip(columns, 0, None)]
+    prefixes[columns < 0] = 0
+    return prefixes
