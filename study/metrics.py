@@ -74,8 +74,10 @@ def sample_negatives(split: EvalSplit, num_items: int, num_negatives: int, item_
     seeded generator, so every model evaluated under the same seed sees the same candidates.
     """
     generator = torch.Generator().manual_seed(seed)
-    weights = torch.ones(num_items + 1) if item_popularity is None else torch.as_tensor(item_popularity, dtype=torch.float)
-    weights = weights.clone()
+    if item_popularity is None:
+        weights = torch.ones(num_items + 1)
+    else:
+        weights = torch.as_tensor(item_popularity, dtype=torch.float).clone()
     weights[0] = 0.0
     negatives = np.empty((len(split.targets), num_negatives), dtype=np.int64)
     for start in range(0, len(split.targets), batch_size):

@@ -258,8 +258,9 @@ def _efficiency_figures(model_name: str, model_hparams: dict, train_cfg: TrainCo
     batch = next(objective_batches(windows, settings["objective"], train_cfg.batch_size,
                                    train_cfg.prefixes_per_user, np.random.default_rng(0)))
     try:
-        peak_mb, method = efficiency.peak_train_memory_mb(
-            model_name, model_hparams, settings, batch, device, num_threads=train_cfg.num_threads or torch.get_num_threads())
+        threads = train_cfg.num_threads or torch.get_num_threads()
+        peak_mb, method = efficiency.peak_train_memory_mb(model_name, model_hparams, settings, batch, device,
+                                                          num_threads=threads)
     except RuntimeError as error:
         peak_mb, method = float("nan"), f"failed: {error}"
     p50, p95 = efficiency.inference_latency_ms(model, data.test.inputs, device)
@@ -291,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         train_cfg, model_hparams = split_settings(args.model, settings)
         max_len = model_hparams.get("max_len", models.model_class(args.model).config_class.max_len)
         models.make_config(args.model, **{**model_hparams, "num_items": 1, "max_len": max_len})
-        path = prepare(args.dataset, source=args.source, max_len=max_len, kcore=args.kcore, progress=not args.no_progress)
+        path = prepare(args.dataset, source=args.source, max_len=max_len, kcore=args.kcore,
+                       progress=not args.no_progress)
         result = run_trial(args.model, TrialData.from_prepared(path, max_len), settings, progress=not args.no_progress)
     except (UserError, ConfigError) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -13,12 +13,12 @@ from study.config import TrainConfig, split_settings
 from study.train import TrialData, run_trial
 
 REPO = Path(__file__).resolve().parents[1]
-QUICK = {"max_epochs": 2, "batch_size": 256, "measure_efficiency": False, "num_threads": 1}
+QUICK = {"max_epochs": 2, "batch_size": 256, "measure_efficiency": False, "num_threads": 1, "max_len": 20}
 
 
 @pytest.fixture(scope="module")
 def lastfm(lastfm_prepared):
-    return TrialData.from_prepared(lastfm_prepared, max_len=50)
+    return TrialData.from_prepared(lastfm_prepared, max_len=20)
 
 
 def test_same_seed_gives_identical_metrics_and_reports_every_epoch(lastfm):

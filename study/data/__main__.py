@@ -1,0 +1,151 @@
+"""Command line: ``python -m study.data prepare NAME [...]`` and ``python -m study.data list``.
+
+Input problems (a bad name, file, line or flag) are printed as one ``error: ...`` line on stderr, exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from study.data.pipeline import cache_dir, list_prepared, prepare
+from study.data.recipes import DEFAULT_RECIPE, RECIPES
+from study.errors import UserError
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
+    return key.strip().replace("-", "_"), value.strip()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m study.data", description="Prepare and list the datasets of the study."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    prep = commands.add_parser(
+        "prepare",
+        help="download/read, filter and split a dataset into the cache",
+        description="Prepare a dataset (reused from the cache when it already exists). "
+        f"Recipes: {', '.join(RECIPES)}.",
+    )
+    prep.add_argument(
+        "name", nargs="?", default=DEFAULT_RECIPE, help=f"recipe name (default {DEFAULT_RECIPE})"
+    )
+    prep.add_argument("--source", help="local zip, folder or file to read instead of downloading")
+    prep.add_argument("--max-len", type=int, default=200, help="longest model input (default 200)")
+    prep.add_argument("--kcore", type=int, help="iterative k-core on users and items (default: the recipe's)")
+    prep.add_argument("--user-col", help="csv/parquet: user column (default 'user')")
+    prep.add_argument("--item-col", help="csv/parquet: item column (default 'item')")
+    prep.add_argument(
+        "--time-col", help="csv/parquet: time column (default 'timestamp'; 'none' = file order)"
+    )
+    prep.add_argument("--users", type=int, help="synthetic: number of users")
+    prep.add_argument("--items", type=int, help="synthetic: number of items")
+    prep.add_argument("--length", type=int, help="synthetic: mean sequence length")
+    prep.add_argument("--seed", type=int, help="synthetic: random seed")
+    prep.add_argument(
+        "--param",
+        type=_key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="other recipe option, e.g. --param max_length=4096 --param markov=0.7 (repeatable)",
+    )
+    prep.add_argument("--force", action="store_true", help="rebuild even if the prepared copy exists")
+    prep.add_argument("--quiet", action="store_true", help="no progress output")
+
+    commands.add_parser("list", help="list the recipes and what is in the cache")
+    return parser
+
+
+def _stats_table(path: Path) -> str:
+    meta = json.loads((path / "meta.json").read_text())
+    length = meta["length"]
+    rows = [
+        ("dataset", meta["name"]),
+        ("users", f"{meta['num_users']:,}"),
+        ("items", f"{meta['num_items']:,}"),
+        ("interactions", f"{meta['num_interactions']:,}"),
+        ("length mean", f"{length['mean']:.1f}"),
+        ("length median", f"{length['median']:g}"),
+        ("length max", f"{length['max']:,}"),
+        ("kcore", str(meta["kcore"])),
+        ("max_len", str(meta["max_len"])),
+        ("output", str(path)),
+    ]
+    width = max(len(key) for key, _ in rows)
+    return "\n".join(f"{key:<{width}}  {value}" for key, value in rows)
+
+
+def _cmd_prepare(args: argparse.Namespace) -> None:
+    options = {
+        key: value
+        for key, value in {
+            "user_col": args.user_col,
+            "item_col": args.item_col,
+            "time_col": args.time_col,
+            "users": args.users,
+            "items": args.items,
+            "length": args.length,
+            "seed": args.seed,
+        }.items()
+        if value is not None
+    }
+    options.update(dict(args.param))
+    path = prepare(
+        args.name,
+        source=args.source,
+        max_len=args.max_len,
+        kcore=args.kcore,
+        force=args.force,
+        progress=not args.quiet,
+        **options,
+    )
+    print(_stats_table(path))
+
+
+def _number(value: object) -> str:
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def _cmd_list() -> None:
+    print("recipes:")
+    width = max(len(name) for name in RECIPES)
+    for name, recipe in RECIPES.items():
+        origin = "download" if recipe.download else "generated" if recipe.synthetic else "--source"
+        print(f"  {name:<{width}}  kcore={recipe.default_kcore}  {origin:<9}  {recipe.description}")
+    prepared = list_prepared()
+    print(
+        f"prepared in {cache_dir() / 'prepared'}:" if prepared else f"nothing prepared in {cache_dir()} yet"
+    )
+    for path, meta in prepared:
+        fields = ("num_users", "num_items", "num_interactions", "kcore", "max_len")
+        print(f"  {path.name}  " + "  ".join(f"{key}={_number(meta.get(key))}" for key in fields))
+    downloads = sorted((cache_dir() / "downloads").glob("*.zip"))
+    if downloads:
+        print("downloaded: " + ", ".join(p.name for p in downloads))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit code (2 for input problems, shown as one line without a traceback)."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "prepare":
+            _cmd_prepare(args)
+        else:
+            _cmd_list()
+    except UserError as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

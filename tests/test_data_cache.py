@@ -1,0 +1,98 @@
+"""The prepared-dataset cache: reuse, content hashing, --force, and atomic writes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import study.data.pipeline as pipeline
+from study.data import list_prepared, load_prepared, prepare
+from study.errors import UserError
+
+
+@pytest.fixture
+def lastfm(shared_datasets: Path) -> Path:
+    return shared_datasets / "s3rec" / "LastFM.txt"
+
+
+def test_second_call_reuses_without_work(
+    lastfm: Path, data_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = prepare("lastfm", source=lastfm, progress=False)
+    stamp = (first / "meta.json").stat().st_mtime_ns, (first / "sequences.parquet").stat().st_mtime_ns
+
+    def no_work(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a cached dataset was rebuilt")
+
+    monkeypatch.setattr(pipeline, "build_sequences", no_work)
+    assert prepare("lastfm", source=lastfm, progress=False) == first
+    assert (
+        (first / "meta.json").stat().st_mtime_ns,
+        (first / "sequences.parquet").stat().st_mtime_ns,
+    ) == stamp
+    assert [path for path, _ in list_prepared()] == [first]
+
+
+def test_options_and_content_change_the_hash(lastfm: Path, data_cache: Path, tmp_path: Path) -> None:
+    base = prepare("lastfm", source=lastfm, progress=False)
+    other_len = prepare("lastfm", source=lastfm, max_len=50, progress=False)
+    other_k = prepare("lastfm", source=lastfm, kcore=2, progress=False)
+    assert len({base, other_len, other_k}) == 3
+    assert all(p.name.startswith("lastfm-") and len(p.name) == len("lastfm-") + 12 for p in (base, other_len))
+    assert load_prepared(other_len).train.shape == (1_090, 51)
+
+    # the same content at another path is the same dataset; changed content is a new one
+    copy = tmp_path / "LastFM.txt"
+    copy.write_bytes(lastfm.read_bytes())
+    assert prepare("lastfm", source=copy, progress=False) == base
+    lines = copy.read_text().splitlines()
+    copy.write_text("\n".join(lines[:-1]) + "\n")
+    changed = prepare("lastfm", source=copy, progress=False)
+    assert changed != base and load_prepared(changed).meta["num_users"] == 1_089
+
+
+def test_force_rebuilds_in_place(lastfm: Path, data_cache: Path) -> None:
+    first = prepare("lastfm", source=lastfm, progress=False)
+    inode = (first / "meta.json").stat().st_ino
+    again = prepare("lastfm", source=lastfm, force=True, progress=False)
+    assert again == first and (first / "meta.json").stat().st_ino != inode
+    assert sorted(p.name for p in first.parent.iterdir()) == [first.name]  # no temp or old copies left
+
+
+def test_failure_midway_leaves_nothing(
+    lastfm: Path, data_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parquet file gets written, then the disk 'fills up': no directory may appear under any name."""
+    real_write = pipeline.pq.write_table
+
+    def write_then_fail(table: object, where: object, **kwargs: object) -> None:
+        real_write(table, where, **kwargs)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pipeline.pq, "write_table", write_then_fail)
+    with pytest.raises(OSError, match="No space left"):
+        prepare("lastfm", source=lastfm, progress=False)
+    assert list((data_cache / "prepared").iterdir()) == []
+    monkeypatch.undo()
+    monkeypatch.setenv("SEQREC_DATA", str(data_cache))
+    assert load_prepared(prepare("lastfm", source=lastfm, progress=False)).num_users == 1_090
+
+
+def test_bad_inputs_write_nothing(lastfm: Path, data_cache: Path, tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="empty after the 1000-core filter"):
+        prepare("lastfm", source=lastfm, kcore=1000, progress=False)
+    with pytest.raises(UserError, match="max_len must be an integer of at least 2"):
+        prepare("lastfm", source=lastfm, max_len=1, progress=False)
+    with pytest.raises(UserError, match=r"dataset 'lastfm' does not take option\(s\) user_col"):
+        prepare("lastfm", source=lastfm, user_col="u", progress=False)
+    with pytest.raises(UserError, match=r"dataset 'beauty' needs --source PATH: one user per line"):
+        prepare("beauty", progress=False)
+    with pytest.raises(UserError, match=r"unknown dataset 'ml-2m'; known datasets: ml-100k, ml-1m"):
+        prepare("ml-2m", progress=False)
+    assert not (data_cache / "prepared").exists() or list((data_cache / "prepared").iterdir()) == []
+
+
+def test_load_prepared_rejects_non_datasets(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="not a prepared dataset"):
+        load_prepared(tmp_path)
