@@ -31,7 +31,8 @@ Choices on the spec's gaps:
    Its first level attends over N/stride tokens: O(N²/stride²), the one super-linear term (at N = 256,
    stride 4: 64² = 4,096 scores, versus N·k = 2,048 per LDA layer).
 7. **Block structure** (post-LN, as the repo's SASRec): P ← LN(P + drop(Aggregate(P, X))),
-   X ← LN(X + drop(Dispatch(X, P))), then separate FFNs with residual + LayerNorm for X and for P.
+   X ← LN(X + drop(Dispatch(X, P))), then separate FFNs with residual + LayerNorm for X and for P
+   (none for P in the last layer, whose P is never read again).
    Multi-head (``num_heads``, default 1: the paper scales by √d, i.e. one head), with output
    projections; separate weights per layer; attention-weight dropout ``attn_dropout``.
 8. **Ablations** (Table 3): ``query_net="mean"`` uses the masked mean of X⁰ as q; ``imr=False`` uses one
@@ -159,10 +160,11 @@ class CrossAttention(nn.Module):
 class DispatcherLayer(nn.Module):
     """One Linear Dispatcher Attention layer: aggregate (P over X), dispatch (X over P), then the two FFNs.
 
-    With ``aggregate=False`` (the ``dispatcher=False`` ablation) P passes through unchanged.
+    With ``aggregate=False`` (the ``dispatcher=False`` ablation) P passes through unchanged. The last layer
+    has no P feed-forward (``carry_p=False``): its output would never be read.
     """
 
-    def __init__(self, c: ElasticConfig, aggregate: bool):
+    def __init__(self, c: ElasticConfig, aggregate: bool, carry_p: bool = True):
         super().__init__()
         d = c.hidden_size
         self.aggregate = CrossAttention(d, c.num_heads, c.attn_dropout) if aggregate else None
@@ -170,8 +172,9 @@ class DispatcherLayer(nn.Module):
         self.ffn_x = FeedForward(d, c.inner_size, c.dropout, c.activation)
         self.norm_x_attn, self.norm_x_ffn = nn.LayerNorm(d, eps=1e-12), nn.LayerNorm(d, eps=1e-12)
         if aggregate:
-            self.ffn_p = FeedForward(d, c.inner_size, c.dropout, c.activation)
-            self.norm_p_attn, self.norm_p_ffn = nn.LayerNorm(d, eps=1e-12), nn.LayerNorm(d, eps=1e-12)
+            self.norm_p_attn = nn.LayerNorm(d, eps=1e-12)
+        self.ffn_p = FeedForward(d, c.inner_size, c.dropout, c.activation) if aggregate and carry_p else None
+        self.norm_p_ffn = nn.LayerNorm(d, eps=1e-12) if self.ffn_p is not None else None
         self.dropout = nn.Dropout(c.dropout)
 
     def forward(self, x: torch.Tensor, p: torch.Tensor, valid: torch.Tensor,
@@ -182,7 +185,7 @@ class DispatcherLayer(nn.Module):
         x = x[:, queries]
         x = self.norm_x_attn(x + self.dropout(self.dispatch(x, p)))  # Eq. 3 with the updated P, O(N·k)
         x = self.norm_x_ffn(x + self.dropout(self.ffn_x(x)))
-        if self.aggregate is not None:
+        if self.ffn_p is not None:
             p = self.norm_p_ffn(p + self.dropout(self.ffn_p(p)))
         return x, p
 
@@ -273,7 +276,8 @@ class Elastic(SeqRecModel):
         self.embedding = ItemEmbedding(c.num_items, c.max_len, c.hidden_size, c.dropout)
         self.memory = InterestMemory(c) if c.imr else None
         self.shared_interests = None if c.imr else nn.Parameter(torch.empty(c.top_k, c.hidden_size))
-        self.layers = nn.ModuleList([DispatcherLayer(c, aggregate=c.dispatcher) for _ in range(c.num_layers)])
+        self.layers = nn.ModuleList([DispatcherLayer(c, aggregate=c.dispatcher, carry_p=i < c.num_layers - 1)
+                                     for i in range(c.num_layers)])
         self.apply(init_weights)
         if self.memory is not None:
             bound = 1.0 / math.sqrt(c.hidden_size // 2)  # Lample et al.'s key init

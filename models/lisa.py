@@ -169,6 +169,10 @@ class LISA(SeqRecModel):
     def embed(self, items: torch.Tensor) -> torch.Tensor:
         return self.items(items) * self.scale
 
+    def embed_all(self) -> torch.Tensor:
+        """Scaled embeddings of every item id, row 0 (padding) included: (num_items + 1, D)."""
+        return self.items.weight * self.scale
+
     def tables(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The (B, W, W) codeword logit table M (1/√D included) and the (B, W, D) value codewords."""
         books = self.quantizer.codebooks
@@ -190,7 +194,7 @@ class LISA(SeqRecModel):
         if soft:
             # the code's auxiliary loss: pull embeddings toward their (fixed) soft reconstructions
             error = (embedded - quantized.vectors.detach()).pow(2).sum(-1)
-            self._aux_loss = self.config.aux_weight * error[valid].mean()
+            self._aux_loss = self.config.aux_weight * error[valid].sum() / valid.sum().clamp(min=1)
         positions = torch.arange(items.shape[1], device=items.device)
         x = self.dropout(quantized.vectors + self.positions(positions))
         x = self.norm_attn(x + self.dropout(mixed))
@@ -205,9 +209,6 @@ class LISA(SeqRecModel):
         quantizer = self.target_quantizer if self.target_quantizer is not None else self.quantizer
         vectors = quantizer(embedded).vectors
         return torch.cat([torch.zeros_like(vectors[:1]), vectors[1:]])  # row 0 (padding) is never ranked
-
-    def embed_all(self) -> torch.Tensor:
-        return self.items.weight * self.scale
 
     def extra_losses(self) -> torch.Tensor | None:
         return self._aux_loss if self.config.variant == "soft" else None

@@ -18,6 +18,7 @@ import os
 import resource
 import sys
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -56,6 +57,31 @@ def _rss_kib() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // (1024 if sys.platform == "darwin" else 1)
 
 
+def measure_peak_mb(run: Callable[[], object], device: torch.device) -> tuple[float, bool]:
+    """Peak memory (MiB) that ``run()`` adds to this process, and whether it was measured exactly.
+
+    CUDA: the allocator peak above what was allocated before. CPU: VmHWM - baseline RSS after resetting the
+    high-water mark; ``False`` means the ``ru_maxrss`` fallback (no clear_refs). On a CPU the figure is only
+    right in a fresh process (see the module docstring), which the caller provides: the spawned child below,
+    or the scaling study's one-process-per-cell measurement.
+    """
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        run()
+        torch.cuda.synchronize(device)
+        return (torch.cuda.max_memory_allocated(device) - before) / 2**20, True
+    exact = _reset_peak_rss()
+    baseline = _rss_kib()
+    run()
+    if exact:
+        peak = _status_kib("VmHWM")
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // (1024 if sys.platform == "darwin" else 1)
+    return (peak - baseline) / 1024.0, exact
+
+
 def _cpu_step_child(model_name: str, model_hparams: dict, train_settings: dict, windows: np.ndarray,
                     num_threads: int, queue: multiprocessing.Queue) -> None:
     try:
@@ -64,14 +90,8 @@ def _cpu_step_child(model_name: str, model_hparams: dict, train_settings: dict, 
 
         step = build_step(model_name, model_hparams, train_settings, torch.device("cpu"))
         batch = torch.as_tensor(windows, dtype=torch.long)
-        exact = _reset_peak_rss()
-        baseline = _rss_kib()
-        step(batch)
-        if exact:
-            peak = _status_kib("VmHWM")
-        else:
-            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // (1024 if sys.platform == "darwin" else 1)
-        queue.put(((peak - baseline) / 1024.0, CPU_METHOD if exact else CPU_FALLBACK_METHOD, None))
+        peak_mb, exact = measure_peak_mb(lambda: step(batch), torch.device("cpu"))
+        queue.put((peak_mb, CPU_METHOD if exact else CPU_FALLBACK_METHOD, None))
     except Exception as error:  # reported to the parent, which records it with the trial
         queue.put((float("nan"), CPU_METHOD, f"{type(error).__name__}: {error}"))
 
@@ -85,12 +105,7 @@ def peak_train_memory_mb(model_name: str, model_hparams: dict, train_settings: d
 
         step = build_step(model_name, model_hparams, train_settings, device)
         batch = torch.as_tensor(windows, dtype=torch.long, device=device)
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device)
-        step(batch)
-        torch.cuda.synchronize(device)
-        return (torch.cuda.max_memory_allocated(device) - before) / 2**20, CUDA_METHOD
+        return measure_peak_mb(lambda: step(batch), device)[0], CUDA_METHOD
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     child = context.Process(target=_cpu_step_child,

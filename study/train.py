@@ -239,7 +239,7 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
     figures = {"params": efficiency.count_parameters(model), "epoch_time_s": float(np.median(epoch_times)),
                "train_throughput": float(np.median(throughputs))}
     if train_cfg.measure_efficiency:
-        figures.update(_efficiency_figures(model_name, model_hparams, train_cfg, data, model, device))
+        figures.update(efficiency_figures(model_name, model_hparams, train_cfg, data, model, device))
     return make_result(
         model=model_name, dataset_meta=data.meta, objective=objective, train_cfg=train_cfg,
         model_hparams=model.config.to_dict(),
@@ -251,7 +251,7 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
     )
 
 
-def _efficiency_figures(model_name: str, model_hparams: dict, train_cfg: TrainConfig, data: TrialData,
+def efficiency_figures(model_name: str, model_hparams: dict, train_cfg: TrainConfig, data: TrialData,
                         model: SeqRecModel, device: torch.device) -> dict:
     windows = user_batches(data.train, train_cfg.batch_size, np.random.default_rng(0))
     settings = {**asdict(train_cfg), "objective": resolve_objective(model, train_cfg.objective)}

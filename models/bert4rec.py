@@ -1,0 +1,110 @@
+"""BERT4Rec (Sun et al., CIKM 2019): a bidirectional softmax encoder trained as a cloze task.
+
+Defaults are the paper's: d = 64, 2 layers, 2 heads, FFN 4·d = 256 with GELU, dropout 0.1 on hidden
+states and attention, max length 200 (ML-1M/ML-20M; the paper uses 50 for Beauty and Steam), learned
+absolute positions, N(0, 0.02) init, LayerNorm eps 1e-12, post-LN blocks (BERT's layout). The mask
+probability is a trainer key (``mask_prob``): 0.2 for MovieLens, 0.6 for Beauty in the paper.
+
+Choices stated explicitly:
+- Output head: BERT's prediction transform ``LN(GELU(W h + b))``, then a dot product with the tied
+  item embedding (as in the paper and RecBole 1.2). The paper's per-item output bias is left out,
+  because the project's scoring contract is ``hidden @ item_weights().T`` for every model.
+- The mask token is id ``num_items + 1`` (one extra embedding row); :meth:`item_weights` drops it so it
+  is never ranked.
+- Next-item prediction appends the mask token: the window is shifted left by one and the mask sits at
+  position L-1, the position the cloze objective trains most often to fill with the newest item.
+- Objectives: ``cloze`` (default) and ``last`` (RecBole-style prefix CE, read through the same mask
+  token). ``causal`` and ``bce`` train on every position at once and would leak future items through
+  the bidirectional attention, so they are refused.
+
+Cotten4Rec (``models/cotten4rec.py``) reuses this backbone and swaps the token mixer through
+:meth:`BERT4Rec.make_mixer`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from models.base import ModelConfig, SeqRecModel, heads_divide_hidden, init_weights, probability_errors
+from models.blocks import (
+    ATTENTION_BACKENDS,
+    ItemEmbedding,
+    SoftmaxAttention,
+    TokenMixer,
+    TransformerBlock,
+    TransformerEncoder,
+)
+from models.registry import register
+
+ACTIVATIONS = ("gelu", "relu", "silu")
+
+
+@dataclass
+class BERT4RecConfig(ModelConfig):
+    num_layers: int = 2
+    num_heads: int = 2
+    inner_size: int = 256
+    dropout: float = 0.1
+    attn_dropout: float = 0.1
+    activation: str = "gelu"
+    attention_backend: str = "sdpa"
+
+    def constraint_errors(self) -> list[tuple[str, str]]:
+        errors = super().constraint_errors() + heads_divide_hidden(self, self.num_heads)
+        errors += probability_errors(self, "dropout", "attn_dropout")
+        errors += backbone_errors(self)
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            errors.append(("attention_backend", f"must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}"))
+        return errors
+
+
+def backbone_errors(config: ModelConfig) -> list[tuple[str, str]]:
+    """Constraints of the encoder shared by BERT4Rec and Cotten4Rec."""
+    errors = []
+    if config.num_layers < 1:
+        errors.append(("num_layers", f"must be >= 1, got {config.num_layers}"))
+    if config.inner_size < 1:
+        errors.append(("inner_size", f"must be >= 1, got {config.inner_size}"))
+    if config.activation not in ACTIVATIONS:
+        errors.append(("activation", f"must be one of {ACTIVATIONS}, got {config.activation!r}"))
+    return errors
+
+
+@register("bert4rec")
+class BERT4Rec(SeqRecModel):
+    config_class = BERT4RecConfig
+    objectives = ("cloze", "last")
+    default_objective = "cloze"
+    uses_mask_token = True
+
+    def __init__(self, config: ModelConfig):
+        super().__init__(config)
+        c = config
+        self.embedding = ItemEmbedding(c.num_items, c.max_len, c.hidden_size, c.dropout, extra_tokens=1)
+        self.encoder = TransformerEncoder([
+            TransformerBlock(self.make_mixer(c), c.hidden_size, c.inner_size, c.dropout, c.activation)
+            for _ in range(c.num_layers)
+        ])
+        self.head = nn.Sequential(nn.Linear(c.hidden_size, c.hidden_size), nn.GELU(),
+                                  nn.LayerNorm(c.hidden_size, eps=1e-12))
+        self.apply(init_weights)
+
+    def make_mixer(self, config: ModelConfig) -> TokenMixer:
+        """The token mixer of one block; subclasses (Cotten4Rec) replace the softmax attention here."""
+        return SoftmaxAttention(config.hidden_size, config.num_heads, config.attn_dropout, causal=False,
+                                backend=config.attention_backend)
+
+    def forward(self, items: torch.Tensor) -> torch.Tensor:
+        valid = items > 0
+        return self.head(self.encoder(self.embedding(items), valid))
+
+    def last_hidden(self, items: torch.Tensor) -> torch.Tensor:
+        # Ask "what comes next?": drop the oldest item, put the mask token at the newest position.
+        mask = torch.full_like(items[:, :1], self.mask_token)
+        return self.forward(torch.cat([items[:, 1:], mask], dim=1))[:, -1]
+
+    def item_weights(self) -> torch.Tensor:
+        return self.embedding.items.weight[: self.config.num_items + 1]

@@ -1,0 +1,128 @@
+"""LinRec (Liu et al., SIGIR 2023): SASRec with L2-normalised linear attention.
+
+Per head (L2 with eps 1e-6 inside the square root)::
+
+    Q̂ = row-L2(ELU(Q))            each query over its features
+    K̂ = col-L2(ELU(K))            each feature column over the sequence positions
+    O = Q̂ (K̂ᵀ V) / √d_head        O(L·d²); no softmax, no denominator
+
+inside the RecBole SASRec backbone (learned positions, embedding LayerNorm + dropout, post-LN blocks,
+GELU FFN, tied output). Defaults are the LinRec configuration shipped with the RecGRELA code, the
+run behind the published ML-1M LinRec figures (reference_numbers.md §1.4): d = 128, 2 layers,
+8 heads, FFN 256, dropout 0.2. ELU is plain ELU (α = 1), not ELU + 1: L2 normalisation, not a
+positive feature map, is what keeps the sums bounded.
+
+Choices stated explicitly:
+- ``key_norm="column"`` (default) is the paper's ρ_col. The official code (LinRec's
+  ``MultiHeadAttention``, also bundled with RecGRELA) normalises K over ``dim=2`` of its (B, H, d, L)
+  key layout, which is each *position's* key over its features; ``key_norm="row"`` reproduces that.
+  The 1/√d_head factor is the official code's.
+- Padding: padded keys and values are zeroed before the sums (and before the column norms). The
+  official code sums over pads too; here pads carry no information, so the causal and non-causal
+  forms agree exactly at the newest position.
+- ``causal=False`` (default) is the paper's bidirectional form, trained with the ``last`` objective
+  (RecBole's prefix CE, the only way it cannot see its target). ``causal=True`` restricts every sum to
+  s ≤ t and trains with ``causal`` (all positions at once), via
+  ``kernels.causal_linear_attention(normalize=False)``.
+- Making the column norm causal: the norm of key column j is taken over the prefix, n_tj =
+  sqrt(Σ_{s≤t} k_sj² + eps). Because it depends on the query time t and the feature j only, it moves
+  onto the query: Σ_{s≤t} Σ_j q̂_tj (k_sj / n_tj) v_s = Σ_{s≤t} (q̂_t / n_t)·k_s v_s, so the kernel's
+  plain prefix sum with q̂_t / n_t is exact. It keeps the paper's normalisation at every step instead
+  of switching to per-row keys, and at t = L - 1 it equals the non-causal form exactly, so a model
+  trained causally is the paper's model at the position that is ranked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+import kernels
+from models.base import ModelConfig, SeqRecModel, heads_divide_hidden, init_weights, probability_errors
+from models.blocks import ItemEmbedding, TransformerBlock, TransformerEncoder
+from models.mixers import LinearAttentionMixer, row_l2, zero_padding
+from models.registry import register
+
+KEY_NORMS = ("column", "row")
+NORM_EPS = 1e-6
+
+
+class LinRecAttention(LinearAttentionMixer):
+    """ELU + L2-normalised linear attention, bidirectional or causal (prefix sums)."""
+
+    def __init__(self, hidden_size: int, num_heads: int, causal: bool, key_norm: str = "column"):
+        super().__init__(hidden_size, num_heads, causal)
+        self.key_norm = key_norm
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        scale = q.shape[-1] ** -0.5
+        q = row_l2(F.elu(q), NORM_EPS)
+        k, v = zero_padding(F.elu(k), valid), zero_padding(v, valid)
+        if self.key_norm == "row":
+            k = row_l2(k, NORM_EPS)  # a zeroed padding row stays zero
+        elif self.causal:
+            q = q * torch.rsqrt(k.pow(2).cumsum(dim=2) + NORM_EPS)  # prefix column norm, moved onto q
+        else:
+            k = k * torch.rsqrt(k.pow(2).sum(dim=2, keepdim=True) + NORM_EPS)
+        if self.causal:
+            mixed = kernels.causal_linear_attention(q, k, v, normalize=False)
+        else:
+            mixed = q @ (k.transpose(-1, -2) @ v)
+        return mixed * scale
+
+
+@dataclass
+class LinRecConfig(ModelConfig):
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 8
+    inner_size: int = 256
+    dropout: float = 0.2
+    activation: str = "gelu"
+    key_norm: str = "column"
+    causal: bool = False
+
+    def constraint_errors(self) -> list[tuple[str, str]]:
+        errors = super().constraint_errors() + heads_divide_hidden(self, self.num_heads)
+        errors += probability_errors(self, "dropout")
+        if self.num_layers < 1:
+            errors.append(("num_layers", f"must be >= 1, got {self.num_layers}"))
+        if self.inner_size < 1:
+            errors.append(("inner_size", f"must be >= 1, got {self.inner_size}"))
+        if self.activation not in ("gelu", "relu", "silu"):
+            errors.append(("activation", f"must be gelu, relu or silu, got {self.activation!r}"))
+        if self.key_norm not in KEY_NORMS:
+            errors.append(("key_norm", f"must be one of {KEY_NORMS}, got {self.key_norm!r}"))
+        return errors
+
+
+@register("linrec")
+class LinRec(SeqRecModel):
+    config_class = LinRecConfig
+    # The class lists every objective some configuration supports; each instance narrows it by `causal`.
+    objectives = ("causal", "last", "bce")
+    default_objective = "last"
+
+    def __init__(self, config: LinRecConfig):
+        super().__init__(config)
+        c = config
+        if c.causal:
+            self.objectives, self.default_objective = ("causal", "last", "bce"), "causal"
+        else:
+            self.objectives, self.default_objective = ("last",), "last"
+        self.embedding = ItemEmbedding(c.num_items, c.max_len, c.hidden_size, c.dropout)
+        self.encoder = TransformerEncoder([
+            TransformerBlock(LinRecAttention(c.hidden_size, c.num_heads, c.causal, c.key_norm),
+                             c.hidden_size, c.inner_size, c.dropout, c.activation)
+            for _ in range(c.num_layers)
+        ])
+        self.apply(init_weights)
+
+    def forward(self, items: torch.Tensor) -> torch.Tensor:
+        valid = items > 0
+        return self.encoder(self.embedding(items), valid)
+
+    def item_weights(self) -> torch.Tensor:
+        return self.embedding.items.weight

@@ -1,0 +1,167 @@
+"""Is a difference between two models real? Tests over seeds, Holm's correction, effect sizes and intervals.
+
+One comparison = one metric of a candidate model's chosen configuration against the reference model's, each
+measured under several seeds (``pandas.Series`` indexed by seed):
+
+* **the same seeds on both sides** (n >= 2): paired t-test (``scipy.stats.ttest_rel``) on the per-seed
+  differences; effect size Cohen's d_z = mean(diff) / sd(diff); robustness check: Wilcoxon signed-rank test
+  (``scipy.stats.wilcoxon``) on the same differences;
+* **otherwise** (n >= 2 per side): Welch's t-test (``scipy.stats.ttest_ind(equal_var=False)``); effect size
+  Cohen's d with the pooled standard deviation; robustness check: the Wilcoxon rank-sum test in its
+  Mann–Whitney U form (``scipy.stats.mannwhitneyu``), the signed-rank test needing pairs;
+* **fewer than 2 seeds on a side**: no test and no p-value (a t-test needs a variance estimate on each side);
+  the row says why.
+
+Every test is two-sided. The 95 % confidence interval of the mean difference (candidate − reference) comes
+from the t result's ``confidence_interval()``. :func:`holm` adjusts a family of p-values (Holm–Bonferroni
+step-down, which controls the family-wise error rate); a report adjusts all its t-test p-values together and,
+as a separate family, all its robustness p-values. scipy has no Holm (``false_discovery_control`` is
+Benjamini–Hochberg, a different error rate), so the adjustment is implemented here; it is arithmetic on the
+p-values, not a test.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+MIN_SEEDS = 2
+# A spread below this fraction of the values' magnitude is rounding noise (e.g. 3/1090 - 2/1090 vs 4/1090 - 3/1090).
+ZERO_SPREAD = 1e-12
+NO_TEST_NOTE = f"no test: fewer than {MIN_SEEDS} seeds on a side"
+
+
+def holm(pvalues: Sequence[float | None]) -> np.ndarray:
+    """Holm–Bonferroni adjusted p-values, in the input order; missing (None/NaN) entries stay NaN.
+
+    With the m available p-values sorted ascending, p_(1) <= … <= p_(m), the adjusted value of p_(i) is
+    max_{j <= i} min(1, (m − j + 1) · p_(j)); rejecting where adjusted <= alpha is Holm's step-down procedure.
+    """
+    p = np.array([np.nan if v is None else float(v) for v in pvalues], dtype=float)
+    adjusted = np.full(p.shape, np.nan)
+    present = np.flatnonzero(~np.isnan(p))
+    m = len(present)
+    if m == 0:
+        return adjusted
+    if ((p[present] < 0) | (p[present] > 1)).any():
+        raise ValueError(f"p-values must lie in [0, 1], got {p[present].tolist()}")
+    order = present[np.argsort(p[present], kind="stable")]
+    scaled = np.minimum(1.0, (m - np.arange(m)) * p[order])
+    adjusted[order] = np.maximum.accumulate(scaled)
+    return adjusted
+
+
+def _finite(value: Any) -> float:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return float("nan")
+    return value if np.isfinite(value) else float("nan")
+
+
+def compare(candidate: pd.Series, reference: pd.Series, confidence: float = 0.95) -> dict[str, Any]:
+    """Test ``candidate`` against ``reference`` (values indexed by seed); one flat row of results.
+
+    Keys: ``test`` (paired-t | welch-t | none), ``n_candidate``, ``n_reference``, ``n_pairs``, the two means
+    and standard deviations, ``mean_diff`` (candidate − reference), ``ci_low``/``ci_high`` (``confidence``),
+    ``t``, ``df``, ``p``, ``effect`` with ``effect_kind`` (dz | d), ``robust_test`` (wilcoxon-signed-rank |
+    mann-whitney-u), ``robust_p``, and ``note`` (why a figure is missing).
+    """
+    a = pd.Series(candidate, dtype=float).dropna()
+    b = pd.Series(reference, dtype=float).dropna()
+    if a.index.has_duplicates or b.index.has_duplicates:
+        raise ValueError("each seed may appear once per side")
+    paired = len(a) >= MIN_SEEDS and set(a.index) == set(b.index)
+    row: dict[str, Any] = {
+        "test": "none", "n_candidate": len(a), "n_reference": len(b), "n_pairs": len(a) if paired else 0,
+        "mean_candidate": _finite(a.mean()) if len(a) else float("nan"),
+        "std_candidate": _finite(a.std(ddof=1)) if len(a) > 1 else float("nan"),
+        "mean_reference": _finite(b.mean()) if len(b) else float("nan"),
+        "std_reference": _finite(b.std(ddof=1)) if len(b) > 1 else float("nan"),
+        "mean_diff": float("nan"), "ci_low": float("nan"), "ci_high": float("nan"), "t": float("nan"),
+        "df": float("nan"), "p": float("nan"), "effect": float("nan"), "effect_kind": "",
+        "robust_test": "", "robust_p": float("nan"), "note": "",
+    }
+    if len(a) and len(b):
+        row["mean_diff"] = row["mean_candidate"] - row["mean_reference"]
+    if len(a) < MIN_SEEDS or len(b) < MIN_SEEDS:
+        row["note"] = NO_TEST_NOTE
+        return row
+    notes = []
+    with warnings.catch_warnings():
+        # zero-variance samples make scipy warn and return NaN; the note below says it in words
+        warnings.simplefilter("ignore", RuntimeWarning)
+        if paired:
+            seeds = sorted(a.index)
+            x, y = a.loc[seeds].to_numpy(), b.loc[seeds].to_numpy()
+            result = stats.ttest_rel(x, y)
+            diff = x - y
+            sd = diff.std(ddof=1)
+            degenerate = _no_spread(sd, x, y)
+            row.update(test="paired-t", effect=float("nan") if degenerate else _finite(diff.mean() / sd),
+                       effect_kind="dz", robust_test="wilcoxon-signed-rank")
+            try:
+                row["robust_p"] = _finite(stats.wilcoxon(x, y, alternative="two-sided").pvalue)
+            except ValueError as error:  # e.g. every difference is zero
+                notes.append(f"wilcoxon: {error}")
+        else:
+            x, y = a.to_numpy(), b.to_numpy()
+            result = stats.ttest_ind(x, y, equal_var=False)
+            degenerate = _no_spread(max(x.std(ddof=1), y.std(ddof=1)), x, y)
+            pooled = np.sqrt(((len(x) - 1) * x.var(ddof=1) + (len(y) - 1) * y.var(ddof=1)) / (len(x) + len(y) - 2))
+            row.update(test="welch-t", effect=float("nan") if degenerate else _finite((x.mean() - y.mean()) / pooled),
+                       effect_kind="d", robust_test="mann-whitney-u")
+            row["robust_p"] = _finite(stats.mannwhitneyu(x, y, alternative="two-sided").pvalue)
+            if set(a.index) & set(b.index):
+                notes.append("seeds differ between the sides: unpaired test")
+        interval = result.confidence_interval(confidence_level=confidence)
+        row["df"] = _finite(result.df)
+        if degenerate:
+            # Every seed gave the same difference (common with few seeds and hit counts): scipy then returns
+            # t = ±inf and p = 0, or NaN, which would read as certainty; no variance means no test.
+            notes.append("no variance across seeds: the t statistic is undefined, no p-value")
+        else:
+            row.update(t=_finite(result.statistic), p=_finite(result.pvalue), ci_low=_finite(interval.low),
+                       ci_high=_finite(interval.high))
+    row["note"] = "; ".join(notes)
+    return row
+
+
+def _no_spread(spread: float, x: np.ndarray, y: np.ndarray) -> bool:
+    scale = max(float(np.abs(x).max()), float(np.abs(y).max()))
+    return not spread > ZERO_SPREAD * scale
+
+
+def compare_many(groups: dict[str, pd.Series], reference: str, metric: str, confidence: float = 0.95) -> list[dict]:
+    """``compare`` every group but ``reference`` against it on one metric; rows carry ``candidate``/``metric``."""
+    rows = []
+    for name, values in groups.items():
+        if name == reference:
+            continue
+        rows.append({"candidate": name, "reference": reference, "metric": metric,
+                     **compare(values, groups[reference], confidence)})
+    return rows
+
+
+def adjust(table: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
+    """Add Holm-adjusted ``p_holm`` / ``robust_p_holm`` over all the rows of ``table``, and ``significant``.
+
+    ``significant`` is True where the Holm-adjusted t-test p-value is below ``alpha``, False where it is not,
+    and missing (NA) where no test could run.
+    """
+    table = table.copy()
+    if table.empty:
+        for column in ("p_holm", "robust_p_holm"):
+            table[column] = pd.Series(dtype=float)
+        table["significant"] = pd.Series(dtype="boolean")
+        return table
+    table["p_holm"] = holm(table["p"].tolist())
+    table["robust_p_holm"] = holm(table["robust_p"].tolist())
+    significant = pd.array([pd.NA if np.isnan(p) else bool(p < alpha) for p in table["p_holm"]], dtype="boolean")
+    table["significant"] = significant
+    return table

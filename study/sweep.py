@@ -1,0 +1,84 @@
+"""Hyperparameter and scalability sweeps from a YAML study file, on Ray Tune with Optuna.
+
+    python -m study.sweep search_spaces/sasrec.yaml [--set budget.num_samples=2 ...] [--dry-run] [--resume]
+
+Flow: the YAML is read and validated completely before Ray starts (:mod:`study.study_config`; every problem is
+reported at once, exit code 2); ``--dry-run`` stops there and prints the resolved study. Otherwise the dataset
+is prepared, Ray starts, and :func:`study.tune_runner.run_study` runs the trials and writes ``results/<study>/``
+(:mod:`study.sweep_results`); a short summary ends the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from models import ConfigError
+from study.cluster import add_address_argument
+from study.errors import UserError
+from study.study_config import SCHEMA_HELP, StudyConfigError, load_study
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m study.sweep",
+        description="Run a hyperparameter study described by a YAML file: Optuna (TPE, multi-objective, grid) on "
+                    "Ray Tune, ASHA on a validation metric, one record per trial in results/<study>/.",
+        epilog=SCHEMA_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("study", help="the study YAML (see search_spaces/ and docs/sweep.md)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
+                        help="override a field by its dotted path, e.g. --set budget.num_samples=2 "
+                             "--set fixed.max_epochs=3 --set dataset.source=../data/ml-100k.zip")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="validate the study (every search combination against the model's constraints), "
+                             "print it resolved, and exit without starting Ray")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue an interrupted study in its storage folder: finished trials are kept, "
+                             "unfinished ones rerun")
+    parser.add_argument("--dashboard", action="store_true",
+                        help="start Ray with its dashboard on http://127.0.0.1:8265 (or use the cluster's) and "
+                             "print how to get the auth token")
+    add_address_argument(parser)
+    parser.add_argument("--num-cpus", type=int, default=None,
+                        help="CPUs the local Ray may use (default: all of this machine's)")
+    parser.add_argument("--quiet", action="store_true", help="no Tune progress tables, no worker output")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.resume and args.dry_run:
+            raise UserError("--resume and --dry-run exclude each other")
+        # a joined cluster may have more CPUs/GPUs than this machine: only check the machine for an embedded Ray
+        study = load_study(args.study, args.overrides, check_machine=args.address == "local")
+        if args.dry_run:
+            print(study.to_yaml(), end="")
+            checked = "every" if study.exhaustive_check else "one key at a time over"
+            print(f"# valid: checked {checked} {study.checked_points} search combination(s) against {study.model}'s "
+                  f"constraints; results would go to {study.storage}", file=sys.stderr)
+            return 0
+        # Tune's classic console table shows only the searched keys and objectives (see _progress_reporter);
+        # set before Ray is imported
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+        from study.tune_runner import run_study  # imports Ray: only once the study is known to be valid
+
+        outcome = run_study(study, resume=args.resume, dashboard=args.dashboard, address=args.address,
+                            num_cpus=args.num_cpus, quiet=args.quiet)
+    except StudyConfigError as error:
+        for line in error.errors:
+            print(f"error: {line}", file=sys.stderr)
+        return 2
+    except (UserError, ConfigError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"interrupted; continue with: python -m study.sweep {args.study} --resume", file=sys.stderr)
+        return 130
+    print(outcome["summary"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""Multi-node Ray: the ``--address`` helper, and a real sweep on a 2-node cluster on loopback.
+
+The cluster is two Ray nodes of one CPU each (``ray.cluster_utils.Cluster``: a head and a worker node, separate
+raylets and object stores), bound to 127.0.0.1 so that nothing leaves this machine. The sweep runs as the CLI in a
+subprocess joined with ``--address``, exactly as on a real cluster; with one CPU per node, two concurrent trials
+can only run on different nodes. The test stops only the nodes it started (``Cluster.shutdown``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from study.cluster import check_address, check_storage, runtime_env
+from study.errors import UserError
+
+REPO = Path(__file__).resolve().parents[1]
+LASTFM = REPO.parent / "shared" / "datasets" / "s3rec" / "LastFM.txt"
+LOOPBACK = "127.0.0.1"
+
+
+@pytest.mark.parametrize("address", ["local", "auto", "127.0.0.1:6379", "head.example.org:6380",
+                                     "ray://127.0.0.1:10001", "ray://[::1]:10001"])
+def test_accepted_addresses(address: str) -> None:
+    assert check_address(address) == address
+
+
+@pytest.mark.parametrize("address", ["", "0.0.0.0", "ray://host", "http://host:8265", "host:port", "a b:1"])
+def test_rejected_addresses(address: str) -> None:
+    with pytest.raises(UserError, match="expected local, auto, HOST:PORT or ray://HOST:PORT"):
+        check_address(address)
+
+
+def test_existing_cluster_gets_the_code_local_ray_does_not() -> None:
+    assert "py_modules" not in runtime_env("local")
+    shipped = runtime_env(f"{LOOPBACK}:6379")
+    assert sorted(Path(p).name for p in shipped["py_modules"]) == ["kernels", "models", "study"]
+    assert all((Path(p) / "__init__.py").is_file() for p in shipped["py_modules"])
+    assert "__pycache__" in shipped["excludes"]
+    assert shipped["env_vars"]["OMP_WAIT_POLICY"] == "PASSIVE"
+
+
+@pytest.mark.parametrize("uri", ["s3://bucket/results", "gs://bucket/x", "s3:/bucket/folded-by-path"])
+def test_cloud_storage_is_refused_with_advice(uri: str) -> None:
+    with pytest.raises(UserError, match="shared file system"):
+        check_storage(uri)
+    check_storage("/mnt/shared/results")  # a (shared) folder is fine
+
+
+def test_cloud_storage_in_a_study_file_is_a_config_error(tmp_path: Path) -> None:
+    study = tmp_path / "s3.yaml"
+    study.write_text("name: s3\nmodel: sasrec\ndataset: {name: synthetic}\n"
+                     "search: {lr: {loguniform: [1.0e-3, 1.0e-2]}}\nstorage: s3://bucket/results\n")
+    done = subprocess.run([sys.executable, "-m", "study.sweep", str(study), "--dry-run"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "storage: s3://bucket/results: cloud URIs are not supported as a study's storage" in done.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A real 2-node cluster
+
+
+def write_study(path: Path, out: Path, samples: int, gpu: float = 0) -> Path:
+    path.write_text(textwrap.dedent(f"""
+        name: two-nodes
+        model: sasrec
+        dataset: {{name: lastfm, source: {LASTFM}}}
+        fixed: {{max_len: 20, batch_size: 256, hidden_size: 16, num_layers: 1, num_heads: 1, inner_size: 32,
+                measure_efficiency: false}}
+        search:
+          lr: {{loguniform: [1.0e-3, 1.0e-2]}}
+        sampler: random
+        budget: {{num_samples: {samples}, max_epochs: 1}}
+        resources: {{cpu: 1, gpu: {gpu}}}
+        storage: {out}
+        """).lstrip())
+    return path
+
+
+def driver_env(tmp_path: Path) -> dict[str, str]:
+    """The sweep's environment: a private data cache, and a driver that stays on loopback.
+
+    ``ray.init(address="127.0.0.1:PORT")`` swaps a loopback host for this machine's network IP (so that a real
+    cluster's workers can reach the driver); the cluster here listens on 127.0.0.1 only, so the driver must keep
+    the loopback address, which Ray does when its single-machine mode is on (the variable's name is historical).
+    """
+    return {**os.environ, "SEQREC_DATA": str(tmp_path / "cache"), "PYTHONPATH": str(REPO),
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def run_sweep(study: Path, address: str, env: dict[str, str], timeout: float) -> tuple[subprocess.CompletedProcess,
+                                                                                       float]:
+    """The sweep CLI in its own session, joined to ``address``; the session is killed if it overruns."""
+    started = time.time()
+    process = subprocess.Popen([sys.executable, "-m", "study.sweep", str(study), "--address", address, "--quiet"],
+                               cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # only the driver's own session, never the cluster's nodes
+        stdout, stderr = process.communicate()
+        pytest.fail(f"the sweep did not finish in {timeout:.0f} s:\n{stderr[-3000:]}")
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr), time.time() - started
+
+
+@pytest.fixture(scope="module")
+def two_nodes():
+    """A head and a worker node, one CPU each, on 127.0.0.1, without dashboard; shut down whatever happens."""
+    from ray.cluster_utils import Cluster
+
+    node = {"num_cpus": 1, "node_ip_address": LOOPBACK, "include_dashboard": False,
+            "object_store_memory": 100 * 1024 * 1024}
+    cluster = Cluster(initialize_head=True, head_node_args=node, shutdown_at_exit=True)
+    try:
+        cluster.add_node(**node)
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        cluster.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not LASTFM.is_file(), reason=f"{LASTFM} is not available")
+def test_sweep_runs_its_trials_on_both_nodes(tmp_path: Path, two_nodes) -> None:
+    out = tmp_path / "out"
+    study = write_study(tmp_path / "study.yaml", out, samples=2)
+    done, wall = run_sweep(study, two_nodes.address, driver_env(tmp_path), timeout=150)
+    assert done.returncode == 0, done.stderr[-3000:]
+    print(f"2-node sweep: {wall:.1f} s")
+
+    trials = pd.read_parquet(out / "trials.parquet")
+    assert len(trials) == 2 and (trials["status"] == "ok").all(), trials[["trial_id", "status", "error"]]
+    assert len(list((out / "trials").glob("*.json"))) == 2
+    assert pd.read_parquet(out / "history.parquet")["trial_id"].nunique() == 2
+    # with one CPU per node, the two trials running at once were on different nodes
+    per_node = trials["node_id"].value_counts()
+    print("trials per node:", per_node.to_dict())
+    assert trials["node_id"].notna().all() and len(per_node) == 2, per_node
+    assert set(per_node.index) == {node.node_id for node in two_nodes.list_all_nodes()}
+    assert set(trials["node_ip"]) == {LOOPBACK}
+    assert not trials["gpu"].any() and set(trials["device"]) == {"cpu"}
+    environment = json.loads((out / "environment.json").read_text())
+    assert environment, "the environment of the run was not recorded"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not LASTFM.is_file(), reason=f"{LASTFM} is not available")
+def test_a_gpu_trial_on_a_cpu_cluster_fails_up_front(tmp_path: Path, two_nodes) -> None:
+    out = tmp_path / "out"
+    study = write_study(tmp_path / "gpu.yaml", out, samples=2, gpu=0.5)
+    # a hang (Ray waiting for a GPU node) would be killed at the timeout and fail the test
+    done, _ = run_sweep(study, two_nodes.address, driver_env(tmp_path), timeout=90)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "asks for 0.5 GPU (resources.gpu) but the Ray cluster has no GPU (2 CPU on 2 node(s))" in done.stderr
+    assert not (out / "trials").exists()
