@@ -1,7 +1,7 @@
 """Accuracy of model zoo II (ELASTIC, LISA) beside SASRec: three sections, markdown tables.
 
     python -m benchmarks.zoo2_accuracy --ml100k-source PATH/ml-100k.inter --lastfm PATH/LastFM.txt
-        [--quick] [--sections main sensitivity sampled] [--seeds 0 1 2] [--threads 1]
+        [--quick] [--sections main sensitivity sampled] [--seeds 0 1 2] [--threads 1] [--max-len N]
         [--max-epochs 200] [--patience 10] [--time-budget 0] [--out FILE] [--table-only]
 
 Sections:
@@ -110,7 +110,7 @@ def run_cells(args: argparse.Namespace, out: Path) -> None:
             print("lastfm: skipped, give --lastfm PATH/LastFM.txt", file=sys.stderr)
             continue
         recipe, max_len = DATASETS[dataset]
-        max_len = min(max_len, 50) if args.quick else max_len
+        max_len = args.max_len or (min(max_len, 50) if args.quick else max_len)
         if dataset not in loaded:
             path = prepare(recipe, source=sources[dataset], max_len=max_len, progress=False)
             loaded[dataset] = TrialData.from_prepared(path, max_len=max_len)
@@ -211,6 +211,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--objective", default="causal", choices=["causal", "bce"], help="SASRec and LISA loss")
     parser.add_argument("--prefixes", type=int, default=10, help="ELASTIC: random prefixes per user and epoch")
+    parser.add_argument("--max-len", type=int, help="window length for every dataset (default: per dataset)")
     parser.add_argument("--max-epochs", type=int, default=200)
     parser.add_argument("--patience", type=int, default=10, help="epochs without a better validation NDCG@10")
     parser.add_argument("--time-budget", type=float, default=0.0, help="seconds per trial, 0 = none")
