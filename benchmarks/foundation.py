@@ -1,6 +1,6 @@
 """Benchmarks for the foundation targets: SASRec accuracy/speed on ml-100k and full-ranking evaluation cost.
 
-    python benchmarks/foundation.py --beauty PATH/Beauty.txt [--ml100k-source PATH] [--seeds 3] [--threads 2]
+    python -m benchmarks.foundation --beauty PATH/Beauty.txt [--ml100k-source PATH] [--seeds 3] [--threads 2]
 
 1. SASRec on ml-100k (5-core, max_len 200, causal CE, full ranking), one trial per seed: test NDCG@10 and
    HR@10 at the best-validation epoch, median epoch time, and the wall time at which the best-validation

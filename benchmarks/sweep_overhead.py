@@ -1,6 +1,6 @@
 """How much of a sweep's time goes into trials, and how long a warm actor takes to start the next trial.
 
-    python benchmarks/sweep_overhead.py [--trials 8] [--epochs 5] [--source ../shared/datasets/s3rec/LastFM.txt]
+    python -m benchmarks.sweep_overhead [--trials 8] [--epochs 5] [--source ../shared/datasets/s3rec/LastFM.txt]
 
 Runs a real study (SASRec, two 1-CPU trials at a time, no scheduler so every trial runs all its epochs) through
 :func:`study.tune_runner.run_study` on an embedded Ray with ``--num-cpus`` CPUs, then reads each trial's record:
