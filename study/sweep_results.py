@@ -24,6 +24,7 @@ from typing import Any
 
 import pandas as pd
 
+from study import pareto
 from study.config import TrainConfig, split_settings
 from study.results import protocol_of
 
@@ -208,17 +209,6 @@ def write_tables(out_dir: Path, context: dict[str, Any], records: dict[str, dict
 # The summary printed at the end
 
 
-def pareto_front(frame: pd.DataFrame, objectives: dict[str, str]) -> pd.DataFrame:
-    """Rows no other row beats on every objective (better or equal on all, strictly better on one)."""
-    signs = {metric: (1.0 if mode == "max" else -1.0) for metric, mode in objectives.items()}
-    values = frame[list(signs)].astype(float).mul(pd.Series(signs)).to_numpy()
-    keep = []
-    for row in values:
-        dominated = ((values >= row).all(axis=1) & (values > row).any(axis=1)).any()
-        keep.append(not dominated)
-    return frame[keep]
-
-
 def summary(trials: pd.DataFrame, objectives: dict[str, str], searched: list[str], paths: dict[str, Path],
             top: int = 5) -> str:
     """A few lines: trial counts, the best trials (or the Pareto front), and where the files are."""
@@ -236,7 +226,7 @@ def summary(trials: pd.DataFrame, objectives: dict[str, str], searched: list[str
             best = ok.sort_values(metric, ascending=objectives[metric] == "min").head(top)
             lines.append(f"best by {metric} ({objectives[metric]}):")
         else:
-            best = pareto_front(ok, objectives).sort_values(metrics[0], ascending=objectives[metrics[0]] == "min")
+            best = pareto.pareto_front(ok, objectives)  # sorted best-first by the first objective
             lines.append(f"Pareto front over {', '.join(f'{m} ({d})' for m, d in objectives.items())}:")
         shown = ["trial_id", *metrics, "test_ndcg@10", "epochs_run", *[f"config.{k}" for k in searched]]
         table = best[[c for c in dict.fromkeys(shown) if c in best]].rename(

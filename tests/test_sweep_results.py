@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from study.sweep_results import atomic_write, atomic_write_text, pareto_front, stop_reason
+from study.sweep_results import atomic_write, atomic_write_text, stop_reason
 from study.tune_runner import as_windows, keep_trainable, tune_key
 
 
@@ -39,14 +39,6 @@ def test_stop_reason(last: dict, settings: dict, flags: tuple, reason: str) -> N
     assert stop_reason("ok", last, settings, scheduler_stop=scheduler_stop,
                        study_budget_over=study_budget_over) == reason
     assert stop_reason("failed", last, settings, scheduler_stop=False, study_budget_over=False) == "error"
-
-
-def test_pareto_front_keeps_only_undominated_trials() -> None:
-    frame = pd.DataFrame({"valid_ndcg@10": [0.10, 0.08, 0.12, 0.09, 0.12],
-                          "peak_mem_mb": [50.0, 40.0, 90.0, 60.0, 95.0]}, index=list("abcde"))
-    front = pareto_front(frame, {"valid_ndcg@10": "max", "peak_mem_mb": "min"})
-    # d is beaten by a on both; e ties c on accuracy and needs more memory
-    assert list(front.index) == ["a", "b", "c"]
 
 
 def test_batch_columns_become_two_dimensional_windows() -> None:
