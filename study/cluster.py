@@ -41,7 +41,6 @@ ADDRESS_HELP = ("where Ray runs: local (default: start Ray inside this process, 
                 "of its nodes) or ray://HOST:10001 (Ray Client, from outside the cluster); see docs/cluster.md")
 
 _HOST_PORT = re.compile(r"^(?:ray://)?(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):\d{1,5}$")
-_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def add_address_argument(parser: Any) -> None:
@@ -70,16 +69,9 @@ def is_remote(address: str) -> bool:
     return address != LOCAL
 
 
-def check_storage(storage: str | Path) -> None:
-    """Refuse a URI for the results folder: the recorder, SQLite (Optuna) and the tables write to a file system.
-
-    Multi-node runs use a shared file system mounted at the same path on every node (NFS, EFS, Filestore, …).
-    """
-    text = str(storage)
-    if _URI.match(text) or re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:/[^/]", text):  # Path() folds s3:// into s3:/
-        raise UserError(f"{text}: cloud URIs are not supported as a study's storage (the Optuna SQLite "
-                        "database and the trial records need a file system); use a shared file system mounted at "
-                        "the same path on every node, and copy the folder to object storage afterwards")
+def is_client(address: str) -> bool:
+    """Whether the address connects with Ray Client (this machine is outside the cluster)."""
+    return address.startswith("ray://")
 
 
 def runtime_env(address: str) -> dict[str, Any]:

@@ -24,6 +24,7 @@ Data flow:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import sys
@@ -50,6 +51,7 @@ from study.report import (
     parse_config,
     selection_metric,
 )
+from study.storage import Mirror, local_copy
 
 REPLICATES_DIR = "replicates"
 PLAN_FILE = "plan.json"
@@ -168,7 +170,7 @@ def replicate(path: str | Path, *, seeds: int, select: str, objectives: dict[str
     """Select, plan and run replicates of the study in ``path``; returns the plan, the batch folder and the rows."""
     from study.study_config import load_study
 
-    path = Path(path)
+    path = local_copy(path)
     objectives = objectives or dict(pareto.DEFAULT_OBJECTIVES)
     if resume:
         batches = _batches(path)
@@ -187,7 +189,8 @@ def replicate(path: str | Path, *, seeds: int, select: str, objectives: dict[str
         return {"plan": plan, "selected": selected, "batch": None, "replicates": None}
     if not (path / STUDY_FILE).is_file():
         raise UserError(f"{path / STUDY_FILE} is missing: replicates rerun the study exactly as it was resolved")
-    study = load_study(path / STUDY_FILE)
+    # the folder may have moved since the sweep (copied off a cluster, pulled from a URI): it is the study's folder
+    study = dataclasses.replace(load_study(path / STUDY_FILE), storage=path.resolve())
     if not resume:
         batch.mkdir(parents=True, exist_ok=False)
         created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -199,6 +202,7 @@ def replicate(path: str | Path, *, seeds: int, select: str, objectives: dict[str
     outcome = run_study(study, resume=resume, address=address, num_cpus=num_cpus, quiet=quiet,
                         points=[entry["config"] for entry in plan], storage=batch)
     merged = merge_batch(path, batch, plan)
+    Mirror(path, study.storage_uri).push(force=True)
     return {"plan": plan, "selected": selected, "batch": batch, "replicates": merged, "outcome": outcome}
 
 
@@ -236,7 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m study.replicate",
         description="Rerun a study's chosen configurations under new seeds as Ray trials (the sweep's trainable "
                     "and resources), recorded in results/<study>/replicates.parquet linked to their source trial.")
-    parser.add_argument("study", help="the study's results folder (results/<study>)")
+    parser.add_argument("study", help="the study's results folder (results/<study>), or the URI it was mirrored to "
+                                      "(s3://…: fetched into results/<last part of the URI>/ first)")
     parser.add_argument("--seeds", type=int, default=5, help="seeds per configuration (default %(default)s)")
     parser.add_argument("--select", default="top:1",
                         help="pareto (the non-dominated set over --objectives) or top:N (best N by --select-metric); "

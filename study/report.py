@@ -49,6 +49,7 @@ import yaml
 
 from study import pareto, significance
 from study.errors import UserError
+from study.storage import local_copy
 
 TRIALS_FILE = "trials.parquet"
 REPLICATES_FILE = "replicates.parquet"
@@ -832,7 +833,7 @@ def build_report(paths: list[str | Path], out: str | Path | None = None,
         raise UserError("no results folder given")
     check_objectives(options.objectives)
     select = selection_metric(options.objectives, options.select_metric)
-    studies = [load_results(p) for p in paths]
+    studies = [load_results(local_copy(p)) for p in paths]
     assign_labels(studies)
     runs = collect_runs(studies)
     check_metrics(runs, options.objectives, "objective")
@@ -1088,7 +1089,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m study.report",
         description="Pareto fronts, a paper-style results table and significance tests over one or several "
                     "studies (e.g. one per model); writes report.md, report.html, plots and CSV/Parquet tables.")
-    parser.add_argument("studies", nargs="+", help="results folders written by python -m study.sweep")
+    parser.add_argument("studies", nargs="+", help="results folders written by python -m study.sweep, or the URIs "
+                                                   "they were mirrored to (s3://…: fetched into results/ first)")
     parser.add_argument("--out", help="output folder (default: <study>/report, or report-<a>+<b> beside the studies)")
     parser.add_argument("--objectives", default=pareto.format_objectives(pareto.DEFAULT_OBJECTIVES),
                         help="Pareto objectives as METRIC:max|min,… (default %(default)s); validation metrics and "

@@ -52,6 +52,7 @@ import numpy as np
 import yaml
 
 from study.errors import UserError
+from study.storage import Mirror, resolve_storage
 
 # torch, the model zoo and the study-config helpers are imported inside the functions that need them: this module
 # is also what every cell's Ray worker and measuring process import first, and torch alone takes seconds to load.
@@ -153,7 +154,8 @@ class ScalingStudy:
     resources: dict[str, Any] = field(default_factory=lambda: {"cpu": 1, "gpu": "auto", "max_concurrent": "auto"})
     stop_after_failure: bool = True
     seed: int = 0
-    storage: Path = Path("results")
+    storage: Path = Path("results")  # the local folder every writer uses
+    storage_uri: str | None = None  # where that folder is mirrored (s3://…), if anywhere: see study.storage
     source: Path | None = None
 
     def batch_keys(self) -> list[str]:
@@ -198,7 +200,7 @@ class ScalingStudy:
             "compare_length": self.compare_length, "reference": self.reference,
             "claims": [{k: v for k, v in asdict(c).items() if v is not None} for c in self.claims],
             "resources": dict(self.resources), "stop_after_failure": self.stop_after_failure, "seed": self.seed,
-            "storage": str(self.storage),
+            "storage": self.storage_uri or str(self.storage),
         })
         return data
 
@@ -368,18 +370,18 @@ def resolve(data: dict[str, Any], *, source: Path | None = None, lines: dict[tup
         errors.add(("stop_after_failure",), f"expected true or false, got {stop!r}")
         stop = True
     seed = _integer(data.get("seed", 0), ("seed",), errors, 0) or 0
-    storage_raw = data.get("storage")
-    if storage_raw is not None and not isinstance(storage_raw, str):
-        errors.add(("storage",), f"expected a folder path, got {storage_raw!r}")
-        storage_raw = None
-    storage = Path(storage_raw).expanduser() if storage_raw else Path("results") / name
+    try:
+        storage, storage_uri = resolve_storage(data.get("storage"), name)
+    except UserError as error:
+        errors.add(("storage",), str(error))
+        storage, storage_uri = resolve_storage(None, name)
     if errors.items:
         raise StudyConfigError(errors.items)
     return ScalingStudy(name=name, dataset=dataset, models=entries, lengths=lengths, modes=modes,
                         batch_sizes=batch_sizes, tokens_per_batch=tokens, num_items=num_items, measure=measure,
                         fit_min_length=fit_min, compare_length=compare, reference=reference, claims=claims,
-                        resources=resources, stop_after_failure=stop, seed=seed, storage=storage.resolve(),
-                        source=source)
+                        resources=resources, stop_after_failure=stop, seed=seed, storage=storage,
+                        storage_uri=storage_uri, source=source)
 
 
 def _resolve_dataset(data: dict, errors: _Errors, source: Path | None) -> dict[str, Any]:
@@ -1494,9 +1496,11 @@ def run_study(study: ScalingStudy, *, address: str = "local", num_cpus: int | No
     from study.environment import collect
 
     out = study.storage
-    if not overwrite and (out / "cells.parquet").exists():
-        raise UserError(f"{out} already holds a scaling study; pass --overwrite to replace it, or choose another "
-                        "name or storage")
+    mirror = Mirror(out, study.storage_uri)
+    for place, holds in ((out, (out / "cells.parquet").exists()), (mirror.uri, mirror.holds("cells.parquet"))):
+        if holds and not overwrite:
+            raise UserError(f"{place} already holds a scaling study; pass --overwrite to replace it, or choose "
+                            "another name or storage")
     dataset = study.dataset
     path = prepare(dataset["name"], source=dataset["source"], kcore=dataset["kcore"], progress=progress,
                    **dataset["options"])
@@ -1527,6 +1531,7 @@ def run_study(study: ScalingStudy, *, address: str = "local", num_cpus: int | No
             log.write(json.dumps({**{k: spec[k] for k in ("label", "mode", "length", "batch_size")}, **outcome},
                                  default=str) + "\n")
             log.flush()
+            mirror.push()  # throttled
 
         # the machine's load says how far CPU timings can be trusted (other jobs share the cores)
         load_start, cells_started = _load_average(), time.monotonic()
@@ -1543,7 +1548,11 @@ def run_study(study: ScalingStudy, *, address: str = "local", num_cpus: int | No
         if started_ray:
             ray.shutdown()
     frame = _rows(study, cells, outcomes, batches, data.meta, num_items, specs)
-    return write_outputs(frame, study, env, _sequence_summary(batches, data.meta))
+    outputs = write_outputs(frame, study, env, _sequence_summary(batches, data.meta))
+    mirror.push(force=True)
+    if mirror.uri:
+        outputs["text"] += f"\nmirrored to {mirror.uri}"
+    return outputs
 
 
 def _load_average() -> float | None:

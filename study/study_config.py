@@ -27,6 +27,7 @@ from models import ConfigError
 from study.config import METRIC_KS, TRAIN_FIELDS, TrainConfig, coerce, field_type, split_settings
 from study.errors import UserError
 from study.metrics import METRIC_NAMES
+from study.storage import resolve_storage
 
 SECTIONS = ("name", "model", "dataset", "protocol", "fixed", "search", "objectives", "budget", "scheduler",
             "resources", "sampler", "seeds", "storage")
@@ -124,7 +125,8 @@ class Study:
     resources: dict[str, Any]
     sampler: str
     seeds: dict[str, int]
-    storage: Path
+    storage: Path  # the local folder every writer uses
+    storage_uri: str | None = None  # where that folder is mirrored (s3://…), if anywhere: see study.storage
     source: Path | None = None
     checked_points: int = 0
     exhaustive_check: bool = True
@@ -173,7 +175,7 @@ class Study:
             "resources": dict(self.resources),
             "sampler": self.sampler,
             "seeds": dict(self.seeds),
-            "storage": str(self.storage),
+            "storage": self.storage_uri or str(self.storage),
         }
 
     def to_yaml(self) -> str:
@@ -653,23 +655,15 @@ def resolve(data: dict[str, Any], *, source: Path | None = None, lines: dict[tup
     if kinds == {"grid"} and sampler not in ("auto", "grid"):
         errors.add(("sampler",), f"a grid search is enumerated by the grid sampler, not {sampler}")
 
-    storage_raw = data.get("storage")
-    if storage_raw is not None and not isinstance(storage_raw, str):
-        errors.add(("storage",), f"expected a folder path, got {storage_raw!r}")
-        storage_raw = None
-    elif storage_raw is not None:
-        from study.cluster import check_storage
-
-        try:  # s3://, gs://, …: refused with what to use instead (Path() would fold the URI into a relative path)
-            check_storage(storage_raw)
-        except UserError as error:
-            errors.add(("storage",), str(error))
-            storage_raw = None
-    storage = Path(storage_raw).expanduser() if storage_raw else Path("results") / str(name or "study")
+    try:
+        storage, storage_uri = resolve_storage(data.get("storage"), str(name or "study"))
+    except UserError as error:
+        errors.add(("storage",), str(error))
+        storage, storage_uri = resolve_storage(None, str(name or "study"))
 
     study = Study(name=str(name), model=str(model), dataset=dataset, protocol=protocol, fixed=fixed, search=search,
                   objectives=objectives, budget=budget, scheduler=scheduler, resources=resources, sampler=sampler,
-                  seeds=seeds, storage=storage.resolve(), source=source)
+                  seeds=seeds, storage=storage, storage_uri=storage_uri, source=source)
     if model is not None:
         _check_combinations(study, errors)
     if errors.items:

@@ -189,6 +189,11 @@ def build_row(context: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]
     return clean(row)
 
 
+def table_paths(out_dir: Path) -> dict[str, Path]:
+    return {"trials": out_dir / "trials.parquet", "trials_csv": out_dir / "trials.csv",
+            "history": out_dir / "history.parquet"}
+
+
 def write_tables(out_dir: Path, context: dict[str, Any], records: dict[str, dict[str, Any]]) -> dict[str, Path]:
     """(Re)write trials.parquet, trials.csv and history.parquet from every record, atomically."""
     ordered = sorted(records.values(), key=lambda r: (r.get("started_at") or 0, r["trial_id"]))
@@ -197,8 +202,7 @@ def write_tables(out_dir: Path, context: dict[str, Any], records: dict[str, dict
                             for record in ordered for row in record.get("history", [])])
     if history.empty:
         history = pd.DataFrame({"trial_id": pd.Series(dtype=str), "epoch": pd.Series(dtype="int64")})
-    paths = {"trials": out_dir / "trials.parquet", "trials_csv": out_dir / "trials.csv",
-             "history": out_dir / "history.parquet"}
+    paths = table_paths(out_dir)
     atomic_write(paths["trials"], lambda out: trials.to_parquet(out, index=False))
     atomic_write(paths["trials_csv"], lambda out: out.write(trials.to_csv(index=False).encode()))
     atomic_write(paths["history"], lambda out: history.to_parquet(out, index=False))

@@ -31,6 +31,7 @@ import logging
 import math
 import os
 import statistics
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable
@@ -44,8 +45,9 @@ from ray.tune import Callback
 from ray.tune.search.optuna import OptunaSearch
 
 import models
-from study.cluster import WORKER_ENV, check_fits, node_identity, start_ray
+from study.cluster import WORKER_ENV, check_fits, is_client, node_identity, start_ray
 from study.errors import UserError
+from study.storage import Mirror
 from study.study_config import Study
 from study.sweep_results import (
     STATUS_FAILED,
@@ -57,6 +59,7 @@ from study.sweep_results import (
     read_records,
     stop_reason,
     summary,
+    table_paths,
     write_record,
     write_tables,
 )
@@ -509,8 +512,8 @@ def _error_message(trial: Any) -> str:
 class SweepRecorder(Callback):
     """Driver-side: keeps each trial's epoch history and writes its record the moment it ends."""
 
-    def __init__(self, out_dir: str, context: dict[str, Any]):
-        self.out_dir, self.context = out_dir, context
+    def __init__(self, out_dir: str, context: dict[str, Any], mirror: Mirror | None = None):
+        self.out_dir, self.context, self.mirror = out_dir, context, mirror
         self.history: dict[str, list[dict]] = {}
         self.last: dict[str, dict] = {}
         self.records: dict[str, dict] = {}
@@ -556,6 +559,8 @@ class SweepRecorder(Callback):
         write_record(out / RECORDS_DIR, record)
         self.records[trial.trial_id] = record
         write_tables(out, self.context, self.records)
+        if self.mirror is not None:
+            self.mirror.push()  # throttled; the run ends with a full push
 
 
 _TUNE_BOOKKEEPING = {"done", "training_iteration", "trial_id", "date", "timestamp", "time_this_iter_s",
@@ -592,18 +597,22 @@ def _quiet_ray_data() -> None:
     logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)  # "progress bars disabled", as asked
 
 
-def _training_dataset(path: Path) -> Any:
+def _training_table(path: Path) -> Any:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path / "sequences.parquet", columns=["train"])
+
+
+def _training_dataset(table: Any) -> Any:
     """The training windows as a materialized Ray Dataset (materialized now, before trials hold every CPU).
 
     The driver reads the file and puts the table into the object store (``from_arrow``) rather than
     ``read_parquet``, whose read tasks may be scheduled on another node, where the driver's prepared-data folder
     does not exist; trials then fetch the blocks from the object store wherever they run.
     """
-    import pyarrow.parquet as pq
     import ray.data
 
     _quiet_ray_data()
-    table = pq.read_table(path / "sequences.parquet", columns=["train"])
     return ray.data.from_arrow(table).map_batches(keep_trainable, batch_format="numpy").materialize()
 
 
@@ -719,84 +728,173 @@ def run_study(study: Study, *, resume: bool = False, dashboard: bool = False, ad
               storage: Path | None = None) -> dict[str, Any]:
     """Run (or resume) a study; returns the output paths and the trials table.
 
-    ``points`` (with ``storage``, a folder of their own) runs exactly these trial configs instead of searching:
-    the same trainable, resources and recorder, but no Optuna, no ASHA and no study time budget, so every point
-    trains its full budget. :mod:`study.replicate` reruns chosen configurations under new seeds this way.
-    """
-    from ray import tune
-    from ray.tune.schedulers import FIFOScheduler
-    from ray.tune.search import BasicVariantGenerator
+    ``points`` (with ``storage``, a folder of their own inside the study's folder) runs exactly these trial
+    configs instead of searching: the same trainable, resources and recorder, but no Optuna, no ASHA and no study
+    time budget, so every point trains its full budget. :mod:`study.replicate` reruns chosen configurations under
+    new seeds this way.
 
+    With ``study.storage_uri`` the study's folder is mirrored there (:mod:`study.storage`). With a ``ray://``
+    address the Tune driver runs on the cluster's head node (see :func:`_run_on_head`), which needs such a URI.
+    """
     out = Path(storage) if storage is not None else study.storage
+    mirror = Mirror(study.storage, study.storage_uri)
+    if mirror.uri and storage is None:
+        if resume:
+            fetched = mirror.pull()
+            if fetched:
+                print(f"fetched {fetched} file(s) of the study from {mirror.uri}", file=sys.stderr)
+        elif mirror.holds(STUDY_FILE):
+            raise UserError(f"{mirror.uri} already holds study '{study.name}'; pass --resume to continue it, or "
+                            "choose another name or storage to start a new one")
     _check_resume(study, out, resume)
     path, base_data = _prepare_data(study)  # before Ray: a missing dataset fails fast, with the recipe's advice
-    out.mkdir(parents=True, exist_ok=True)
-    if not resume:
-        atomic_write_text(out / STUDY_FILE, f"# resolved from {study.source}\n" + study.to_yaml())
+    if is_client(address):
+        if not mirror.uri:
+            raise UserError(f"with --address {address} the study is driven from the cluster's head node, which "
+                            f"cannot write to this machine's {study.storage}: set storage: to a URI both reach "
+                            "(s3://bucket/prefix, gs://bucket/prefix, or file:///path on a shared file system)")
+        return _run_on_head(study, mirror, out, base_data, _training_table(path), resume=resume,
+                            dashboard=dashboard, address=address, quiet=quiet, points=points)
     started_ray = start_ray(address, dashboard=dashboard, num_cpus=num_cpus, quiet=quiet)
     try:
-        concurrency = _concurrency(study)  # before anything is scheduled: a request no node can meet would hang
-        _write_environment(out)
-        train_ds = _training_dataset(path)
-        storage_url = f"sqlite:///{out / OPTUNA_FILE}"
-        plan = TrialPlan(model=study.model, base_settings=_base_settings(study),
-                         threads=max(1, math.floor(study.resources["cpu"])),
-                         measure_efficiency=bool(study.settings().get("measure_efficiency", True)),
-                         records_dir=str(out / RECORDS_DIR), shuffle_rows=max(1, train_ds.count()),
-                         recorded=read_records(out / RECORDS_DIR) if resume else None,
-                         workers=study.resources["workers_per_trial"], cpu=study.resources["cpu"],
-                         gpu=study.resources["gpu"])
-        trainable = tune.with_parameters(sweep_trial, plan=plan, data=base_data, train_ds=train_ds)
-        if plan.workers > 1:
-            # The Tune trial only drives the TorchTrainer, whose workers reserve the CPUs/GPUs themselves; Tune
-            # refuses an empty request, so the driver asks for one byte of memory (no CPU a worker would miss).
-            trainable = tune.with_resources(trainable, tune.PlacementGroupFactory([{"CPU": 0, "memory": 1}]))
-        else:
-            trainable = tune.with_resources(trainable, {"cpu": study.resources["cpu"], "gpu": study.resources["gpu"]})
-        context = _row_context(study, base_data.meta)
-        if resume:
-            tuner = tune.Tuner.restore(str(out / TUNE_DIR), trainable=trainable, resume_unfinished=True,
-                                       resume_errored=False, restart_errored=False)
-        else:
-            recorder = SweepRecorder(str(out), context)
-            if points is None:
-                search = dict(search_alg=make_searcher(study, storage_url), scheduler=make_scheduler(study),
-                              num_samples=study.budget["num_samples"], max_concurrent_trials=concurrency,
-                              time_budget_s=study.budget["time_budget_s"] or None)
-            else:  # fixed points: as many at once as the sweep runs, each to its full budget (no ASHA, no time budget)
-                search = dict(search_alg=BasicVariantGenerator(points_to_evaluate=points,
-                                                               max_concurrent=concurrency),
-                              scheduler=FIFOScheduler(), num_samples=len(points))
-            tuner = tune.Tuner(
-                trainable,
-                param_space=None if points is None else points_space(points),
-                tune_config=tune.TuneConfig(**search, reuse_actors=True),
-                run_config=tune.RunConfig(name=TUNE_DIR, storage_path=str(out), callbacks=[recorder],
-                                          failure_config=tune.FailureConfig(max_failures=0),
-                                          progress_reporter=_progress_reporter(study), verbose=0 if quiet else 1),
-            )
-        fit_started = time.time()
-        tuner.fit()
-        fit_wall = time.time() - fit_started
-        numbers = _close_orphans(storage_url, study.name) if points is None else {}
+        fit = _drive(study, out, mirror, base_data, _training_table(path), resume=resume, quiet=quiet, points=points)
     finally:
         if started_ray:
             import ray
 
             ray.shutdown()
+    return _outcome(study, out, mirror, fit, points)
+
+
+def _drive(study: Study, out: Path, mirror: Mirror, base_data: TrialData, train_table: Any, *, resume: bool,
+           quiet: bool, points: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """Runs the trials on the connected Ray and writes ``out`` (records, tables); returns the fit's timing."""
+    from ray import tune
+    from ray.tune.schedulers import FIFOScheduler
+    from ray.tune.search import BasicVariantGenerator
+
+    out.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        atomic_write_text(out / STUDY_FILE, f"# resolved from {study.source}\n" + study.to_yaml())
+    concurrency = _concurrency(study)  # before anything is scheduled: a request no node can meet would hang
+    _write_environment(out)
+    mirror.push(force=True)  # the study is claimed in storage before its first trial
+    train_ds = _training_dataset(train_table)
+    storage_url = f"sqlite:///{out / OPTUNA_FILE}"
+    plan = TrialPlan(model=study.model, base_settings=_base_settings(study),
+                     threads=max(1, math.floor(study.resources["cpu"])),
+                     measure_efficiency=bool(study.settings().get("measure_efficiency", True)),
+                     records_dir=str(out / RECORDS_DIR), shuffle_rows=max(1, train_ds.count()),
+                     recorded=read_records(out / RECORDS_DIR) if resume else None,
+                     workers=study.resources["workers_per_trial"], cpu=study.resources["cpu"],
+                     gpu=study.resources["gpu"])
+    trainable = tune.with_parameters(sweep_trial, plan=plan, data=base_data, train_ds=train_ds)
+    if plan.workers > 1:
+        # The Tune trial only drives the TorchTrainer, whose workers reserve the CPUs/GPUs themselves; Tune
+        # refuses an empty request, so the driver asks for one byte of memory (no CPU a worker would miss).
+        trainable = tune.with_resources(trainable, tune.PlacementGroupFactory([{"CPU": 0, "memory": 1}]))
+    else:
+        trainable = tune.with_resources(trainable, {"cpu": study.resources["cpu"], "gpu": study.resources["gpu"]})
+    if resume:
+        tuner = tune.Tuner.restore(str(out / TUNE_DIR), trainable=trainable, resume_unfinished=True,
+                                   resume_errored=False, restart_errored=False)
+    else:
+        recorder = SweepRecorder(str(out), _row_context(study, base_data.meta), mirror)
+        if points is None:
+            search = dict(search_alg=make_searcher(study, storage_url), scheduler=make_scheduler(study),
+                          num_samples=study.budget["num_samples"], max_concurrent_trials=concurrency,
+                          time_budget_s=study.budget["time_budget_s"] or None)
+        else:  # fixed points: as many at once as the sweep runs, each to its full budget (no ASHA, no time budget)
+            search = dict(search_alg=BasicVariantGenerator(points_to_evaluate=points, max_concurrent=concurrency),
+                          scheduler=FIFOScheduler(), num_samples=len(points))
+        tuner = tune.Tuner(
+            trainable,
+            param_space=None if points is None else points_space(points),
+            tune_config=tune.TuneConfig(**search, reuse_actors=True),
+            run_config=tune.RunConfig(name=TUNE_DIR, storage_path=str(out), callbacks=[recorder],
+                                      failure_config=tune.FailureConfig(max_failures=0),
+                                      progress_reporter=_progress_reporter(study), verbose=0 if quiet else 1),
+        )
+    fit_started = time.time()
+    tuner.fit()
+    fit_wall = time.time() - fit_started
+    numbers = _close_orphans(storage_url, study.name) if points is None else {}
     records = read_records(out / RECORDS_DIR)
     for trial_id, number in numbers.items():
         if trial_id in records:
             records[trial_id]["optuna_number"] = number
-    paths = write_tables(out, context, records)
+    write_tables(out, _row_context(study, base_data.meta), records)
+    mirror.push(force=True)
+    return {"fit_wall_s": fit_wall, "fit_started_at": fit_started, "meta": base_data.meta}
+
+
+def _outcome(study: Study, out: Path, mirror: Mirror, fit: dict[str, Any],
+             points: list[dict[str, Any]] | None) -> dict[str, Any]:
+    import pandas as pd
+
+    paths = table_paths(out)
     paths.update(study=out / STUDY_FILE, environment=out / ENVIRONMENT_FILE)
     if points is None:
         paths["optuna"] = out / OPTUNA_FILE
-    import pandas as pd
-
     trials = pd.read_parquet(paths["trials"])
-    return {"paths": paths, "trials": trials, "fit_wall_s": fit_wall, "fit_started_at": fit_started,
-            "summary": summary(trials, study.objectives, list(study.search), paths)}
+    text = summary(trials, study.objectives, list(study.search), paths)
+    if mirror.uri:
+        text += f"\nmirrored to {mirror.uri}"
+    return {"paths": paths, "trials": trials, "fit_wall_s": fit["fit_wall_s"], "fit_started_at": fit["fit_started_at"],
+            "summary": text, "storage_uri": mirror.uri}
+
+
+def _run_on_head(study: Study, mirror: Mirror, out: Path, base_data: TrialData, train_table: Any, *, resume: bool,
+                 dashboard: bool, address: str, quiet: bool, points: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """Ray Client (``ray://``): drive the study from a task on the head node, then fetch its results here.
+
+    Under Ray Client, Tune would run its loop on the head node anyway (callbacks, the Optuna searcher and its
+    SQLite file included), where this machine's paths mean nothing. So the whole driver runs there, in a
+    working copy of its own that it mirrors to the study's URI; this machine sends it the prepared data (the
+    head needs neither the raw files nor internet access) and finally pulls the URI into its own working copy.
+    """
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    relative = out.relative_to(study.storage).as_posix() if out != study.storage else ""
+    started_ray = start_ray(address, dashboard=dashboard, quiet=quiet)
+    try:
+        head = next(node["NodeID"] for node in ray.nodes()
+                    if node["Alive"] and "node:__internal_head__" in node["Resources"])
+        driver = ray.remote(num_cpus=0, max_retries=0)(_head_driver).options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False))
+        fit = ray.get(driver.remote(study, mirror.uri, relative, base_data, train_table, resume=resume,
+                                    quiet=quiet, points=points))
+    except ray.exceptions.RayTaskError as error:
+        cause = error.as_instanceof_cause()
+        if isinstance(cause, UserError):
+            raise UserError(str(cause).splitlines()[-1]) from None
+        raise
+    finally:
+        if started_ray:
+            ray.shutdown()
+    fetched = mirror.pull(overwrite=True)
+    print(f"fetched {fetched} file(s) of the study from {mirror.uri} into {study.storage}", file=sys.stderr)
+    return _outcome(study, out, mirror, fit, points)
+
+
+def _head_driver(study: Study, uri: str, relative: str, base_data: TrialData, train_table: Any, *, resume: bool,
+                 quiet: bool, points: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """The study's driver inside a Ray task on the head node (see :func:`_run_on_head`)."""
+    import dataclasses
+    import shutil
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix=f"seqrec-study-{study.name}-"))
+    try:
+        mirror = Mirror(root, uri)
+        if resume or relative:  # a replicate batch lives inside the study's folder, next to what it reads
+            mirror.pull()
+        here = dataclasses.replace(study, storage=root)
+        return _drive(here, root / relative if relative else root, mirror, base_data, train_table, resume=resume,
+                      quiet=quiet, points=points)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def build_rows(study: Study, meta: dict[str, Any], records: dict[str, dict]) -> list[dict[str, Any]]:

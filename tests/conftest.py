@@ -58,3 +58,42 @@ def ml100k_prepared(shared_datasets: Path, prepared_cache: Path) -> Path:
 def lastfm_prepared(shared_datasets: Path, prepared_cache: Path) -> Path:
     """The shared S3Rec LastFM file (1,090 users), windows of 50 (+1) items: the small real test dataset."""
     return _prepare_in(prepared_cache, "lastfm", shared_datasets / "s3rec" / "LastFM.txt", 50)
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    """A real S3-compatible server (moto) on 127.0.0.1, and the AWS variables that point pyarrow at it.
+
+    The variables are set in this process for the module's duration, so the Ray nodes and sweep subprocesses a
+    test starts inherit them, as the nodes of a real cluster get theirs from the machine.
+    """
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_EC2_METADATA_DISABLED": "true"}
+    previous = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield env
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: dict[str, str], request: pytest.FixtureRequest) -> str:
+    """A new, empty bucket on the test server; its name as ``s3://name``."""
+    import re
+
+    import pyarrow.fs as pafs
+
+    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:50].strip("-") or "bucket"
+    pafs.S3FileSystem(endpoint_override=s3_server["AWS_ENDPOINT_URL"], allow_bucket_creation=True).create_dir(name)
+    return f"s3://{name}"

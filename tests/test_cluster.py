@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -20,12 +21,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from study.cluster import check_address, check_storage, runtime_env
+from study.cluster import check_address, runtime_env
 from study.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
 LASTFM = REPO.parent / "shared" / "datasets" / "s3rec" / "LastFM.txt"
 LOOPBACK = "127.0.0.1"
+LOOPBACK_DRIVER = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # see driver_env
 
 
 @pytest.mark.parametrize("address", ["local", "auto", "127.0.0.1:6379", "head.example.org:6380",
@@ -49,28 +51,11 @@ def test_existing_cluster_gets_the_code_local_ray_does_not() -> None:
     assert shipped["env_vars"]["OMP_WAIT_POLICY"] == "PASSIVE"
 
 
-@pytest.mark.parametrize("uri", ["s3://bucket/results", "gs://bucket/x", "s3:/bucket/folded-by-path"])
-def test_cloud_storage_is_refused_with_advice(uri: str) -> None:
-    with pytest.raises(UserError, match="shared file system"):
-        check_storage(uri)
-    check_storage("/mnt/shared/results")  # a (shared) folder is fine
-
-
-def test_cloud_storage_in_a_study_file_is_a_config_error(tmp_path: Path) -> None:
-    study = tmp_path / "s3.yaml"
-    study.write_text("name: s3\nmodel: sasrec\ndataset: {name: synthetic}\n"
-                     "search: {lr: {loguniform: [1.0e-3, 1.0e-2]}}\nstorage: s3://bucket/results\n")
-    done = subprocess.run([sys.executable, "-m", "study.sweep", str(study), "--dry-run"], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2
-    assert "storage: s3://bucket/results: cloud URIs are not supported as a study's storage" in done.stderr
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # A real 2-node cluster
 
 
-def write_study(path: Path, out: Path, samples: int, gpu: float = 0) -> Path:
+def write_study(path: Path, out: Path | str, samples: int, gpu: float = 0) -> Path:
     path.write_text(textwrap.dedent(f"""
         name: two-nodes
         model: sasrec
@@ -94,16 +79,15 @@ def driver_env(tmp_path: Path) -> dict[str, str]:
     cluster's workers can reach the driver); the cluster here listens on 127.0.0.1 only, so the driver must keep
     the loopback address, which Ray does when its single-machine mode is on (the variable's name is historical).
     """
-    return {**os.environ, "SEQREC_DATA": str(tmp_path / "cache"), "PYTHONPATH": str(REPO),
-            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    return {**os.environ, "SEQREC_DATA": str(tmp_path / "cache"), "PYTHONPATH": str(REPO), LOOPBACK_DRIVER: "0"}
 
 
-def run_sweep(study: Path, address: str, env: dict[str, str], timeout: float) -> tuple[subprocess.CompletedProcess,
-                                                                                       float]:
+def run_sweep(study: Path, address: str, env: dict[str, str], timeout: float,
+              cwd: Path = REPO) -> tuple[subprocess.CompletedProcess, float]:
     """The sweep CLI in its own session, joined to ``address``; the session is killed if it overruns."""
     started = time.time()
     process = subprocess.Popen([sys.executable, "-m", "study.sweep", str(study), "--address", address, "--quiet"],
-                               cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                start_new_session=True)
     try:
         stdout, stderr = process.communicate(timeout=timeout)
@@ -114,14 +98,37 @@ def run_sweep(study: Path, address: str, env: dict[str, str], timeout: float) ->
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr), time.time() - started
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind((LOOPBACK, 0))
+        return probe.getsockname()[1]
+
+
 @pytest.fixture(scope="module")
-def two_nodes():
-    """A head and a worker node, one CPU each, on 127.0.0.1, without dashboard; shut down whatever happens."""
+def two_nodes(s3_server: dict[str, str]):
+    """A head and a worker node, one CPU each, on 127.0.0.1, without dashboard; shut down whatever happens.
+
+    The head also serves Ray Client (``client_address``); the nodes start after the test S3 server, so their
+    workers inherit its AWS variables, as a real cluster's nodes get theirs from the machine.
+    """
     from ray.cluster_utils import Cluster
 
     node = {"num_cpus": 1, "node_ip_address": LOOPBACK, "include_dashboard": False,
             "object_store_memory": 100 * 1024 * 1024}
-    cluster = Cluster(initialize_head=True, head_node_args=node, shutdown_at_exit=True)
+    client_port = free_port()
+    # Ray Client's per-connection server is a driver on the head node: like the sweep's driver (driver_env), it
+    # must keep the loopback address, so the nodes start with the same variable.
+    previous = os.environ.get(LOOPBACK_DRIVER)
+    os.environ[LOOPBACK_DRIVER] = "0"
+    try:
+        cluster = Cluster(initialize_head=True, head_node_args={**node, "ray_client_server_port": client_port},
+                          shutdown_at_exit=True)
+    finally:
+        if previous is None:
+            os.environ.pop(LOOPBACK_DRIVER)
+        else:
+            os.environ[LOOPBACK_DRIVER] = previous
+    cluster.client_address = f"ray://{LOOPBACK}:{client_port}"
     try:
         cluster.add_node(**node)
         cluster.wait_for_nodes()
@@ -164,3 +171,42 @@ def test_a_gpu_trial_on_a_cpu_cluster_fails_up_front(tmp_path: Path, two_nodes) 
     assert done.returncode == 2, done.stderr[-3000:]
     assert "asks for 0.5 GPU (resources.gpu) but the Ray cluster has no GPU (2 CPU on 2 node(s))" in done.stderr
     assert not (out / "trials").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not LASTFM.is_file(), reason=f"{LASTFM} is not available")
+def test_a_sweep_over_ray_client_runs_on_the_cluster_and_lands_in_s3(tmp_path: Path, two_nodes,
+                                                                      s3_bucket: str) -> None:
+    import pyarrow.fs as pafs
+
+    uri = f"{s3_bucket}/studies/two-nodes"
+    study = write_study(tmp_path / "client.yaml", uri, samples=2)
+    done, wall = run_sweep(study, two_nodes.client_address, driver_env(tmp_path), timeout=240, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    print(f"2-node sweep over Ray Client: {wall:.1f} s")
+    assert f"mirrored to {uri}" in done.stdout
+
+    fs, root = pafs.FileSystem.from_uri(uri)
+    remote = {info.path[len(root) + 1:] for info in fs.get_file_info(pafs.FileSelector(root, recursive=True))
+              if info.type == pafs.FileType.File}
+    assert {"study.yaml", "optuna.db", "trials.parquet", "history.parquet", "environment.json"} <= remote
+    # the driver ran on the head node and never wrote into this machine's folder; the results were pulled here
+    local = tmp_path / "results" / "two-nodes"
+    records = sorted(p.name for p in (local / "trials").glob("*.json"))
+    assert len(records) == 2 and {f"trials/{name}" for name in records} <= remote
+    trials = pd.read_parquet(local / "trials.parquet")
+    assert len(trials) == 2 and (trials["status"] == "ok").all(), trials[["trial_id", "status", "error"]]
+    per_node = trials["node_id"].value_counts()
+    print("trials per node (Ray Client):", per_node.to_dict())
+    assert set(per_node.index) == {node.node_id for node in two_nodes.list_all_nodes()}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not LASTFM.is_file(), reason=f"{LASTFM} is not available")
+def test_ray_client_with_a_local_folder_is_refused_up_front(tmp_path: Path, two_nodes) -> None:
+    study = write_study(tmp_path / "local.yaml", tmp_path / "out", samples=1)
+    done, _ = run_sweep(study, two_nodes.client_address, driver_env(tmp_path), timeout=120, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "the study is driven from the cluster's head node" in done.stderr
+    assert "set storage: to a URI both reach" in done.stderr
+    assert not (tmp_path / "out").exists()
