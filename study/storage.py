@@ -77,12 +77,12 @@ def local_copy(path_or_uri: str | Path) -> Path:
     if not is_uri(path_or_uri):
         return Path(path_or_uri)
     uri = check_uri(str(path_or_uri))
-    local = Path("results", uri.rsplit("/", 1)[-1])
+    local = Path("results", uri.rsplit("/", 1)[-1]).resolve()
     mirror = Mirror(local, uri)
     fetched = mirror.pull(overwrite=True)
     if not fetched and not mirror.remote_files():
         raise UserError(f"nothing under {uri}")
-    print(f"{uri}: {fetched} file(s) fetched into {local}", file=sys.stderr)
+    print(f"{uri}: {fetched} file(s) fetched into {os.path.relpath(local)}", file=sys.stderr)
     return local
 
 

@@ -736,7 +736,7 @@ def run_study(study: Study, *, resume: bool = False, dashboard: bool = False, ad
     With ``study.storage_uri`` the study's folder is mirrored there (:mod:`study.storage`). With a ``ray://``
     address the Tune driver runs on the cluster's head node (see :func:`_run_on_head`), which needs such a URI.
     """
-    out = Path(storage) if storage is not None else study.storage
+    out = Path(storage).resolve() if storage is not None else study.storage  # Tune wants an absolute path
     mirror = Mirror(study.storage, study.storage_uri)
     if mirror.uri and storage is None:
         if resume:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -299,3 +300,24 @@ def test_failing_cells_are_data_points_and_stop_their_series(ray_cluster, lastfm
     assert {status[("gru4rec", n)]["status"] for n in (2048, 4096)} == {"skipped"}
     failed = status[("linrec", 32)]
     assert failed["status"] == "failed" and "no-such-model" in failed["error"], failed
+
+
+def test_a_study_with_a_uri_is_mirrored_there_and_not_overwritten_by_accident(ray_cluster, shared_datasets,
+                                                                              data_cache, tmp_path, capsys,
+                                                                              monkeypatch, s3_bucket):
+    import pyarrow.fs as pafs
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"{s3_bucket}/scaling/tiny"
+    study = tiny_study(shared_datasets, uri, lengths=[16, 32], models=tiny_study(shared_datasets, uri)["models"][1:],
+                       claims=[])
+    path = write_study(tmp_path, study)
+    assert scaling.main([str(path), "--no-progress", "--quiet"]) == 0
+    assert f"mirrored to {uri}" in capsys.readouterr().out
+    local = tmp_path / "results" / "tiny"  # the working copy of a URI study
+    fs, root = pafs.FileSystem.from_uri(uri)
+    for name in ("cells.parquet", "cells.csv", "summary.csv", "scaling.md", "study.yaml", "cells.jsonl"):
+        assert fs.open_input_stream(f"{root}/{name}").read() == (local / name).read_bytes(), name
+    shutil.rmtree(local)
+    assert scaling.main([str(path), "--no-progress", "--quiet"]) == 2
+    assert f"{uri} already holds a scaling study; pass --overwrite" in capsys.readouterr().err

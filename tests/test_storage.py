@@ -140,7 +140,7 @@ def test_the_command_line_copies_both_ways_and_local_copy_fetches_a_uri(tmp_path
     assert f"error: nothing under {s3_bucket}/nothing/here" in capsys.readouterr().err
 
     monkeypatch.chdir(tmp_path)
-    assert local_copy(f"{s3_bucket}/copies/s") == Path("results/s")
+    assert local_copy(f"{s3_bucket}/copies/s") == Path("results/s").resolve()
     assert (tmp_path / "results" / "s" / "study.yaml").read_text() == "name: s\n"
     assert local_copy(tmp_path / "study") == tmp_path / "study"
 
@@ -214,3 +214,19 @@ def test_a_sweep_mirrors_to_s3_and_resumes_from_it_on_a_machine_without_the_copy
     trials = pd.read_parquet(local / "trials.parquet")
     assert len(trials) == 2 and (trials["status"] == "ok").all()
     assert set(trials["trial_id"]) == {Path(name).stem for name in records}
+
+    # replicates of a study read from its URI: fetched into results/<last part>/, and the batch goes back up
+    shutil.rmtree(local)
+    import os
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "SEQREC_DATA": str(tmp_path / "cache"), "OMP_WAIT_POLICY": "PASSIVE"}
+    done = subprocess.run([sys.executable, "-m", "study.replicate", uri, "--seeds", "1", "--select", "top:1",
+                           "--num-cpus", "2", "--quiet"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"{uri}: " in done.stderr and "fetched into results/mirrored" in done.stderr
+    replicates = pd.read_parquet(local / "replicates.parquet")
+    assert len(replicates) == 1 and (replicates["status"] == "ok").all()
+    remote = s3_files(s3_bucket, "studies/mirrored")
+    assert remote["replicates.parquet"] == (local / "replicates.parquet").read_bytes()
+    assert any(name.startswith("replicates/001/trials/") for name in remote)
