@@ -101,7 +101,7 @@ scaling YAML (docs/scaling.md has the full reference):
   resources: {cpu: 1, gpu: auto, max_concurrent: auto}              # per cell
   stop_after_failure: true           # after an OOM/timeout/crash at N, skip that series' larger N
   seed: 0
-  storage: null
+  storage: null                      # a folder, or a URI (s3://…, gs://…) mirrored as cells finish
 override any field with --set key=value (dotted; values are YAML: --set lengths=[64,128])"""
 
 

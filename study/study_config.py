@@ -68,7 +68,7 @@ study YAML (docs/sweep.md has the full reference):
   resources: {cpu: 1, gpu: 0, workers_per_trial: 1, max_concurrent: auto}
   sampler: auto                     # auto | tpe | nsga2 | random | grid
   seeds: {sampler: 0, train: 0}
-  storage: null                     # default results/<name>/
+  storage: null                     # default results/<name>/; a URI (s3://bucket/prefix, gs://…) is mirrored
 override any field with --set section.key=value (dotted; values are YAML: --set search.lr={choice: [0.001]})"""
 
 

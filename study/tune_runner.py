@@ -32,6 +32,7 @@ import math
 import os
 import statistics
 import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterable
@@ -317,7 +318,10 @@ def _data_parallel_trial(config: dict[str, Any], plan: TrialPlan, data: TrialDat
                                      resources_per_worker={"CPU": plan.cpu, **({"GPU": plan.gpu} if plan.gpu else {})}),
         datasets={"train": train_ds},
         dataset_config=DataConfig(datasets_to_split=["train"]),
-        run_config=RunConfig(name=context.get_trial_id(), storage_path=str(Path(plan.records_dir).parent / "train"),
+        # Train's own run state stays on the trial's node (the study's folder may be on another machine): the
+        # metrics reach the study through Tune
+        run_config=RunConfig(name=context.get_trial_id(), storage_path=os.path.join(tempfile.gettempdir(),
+                                                                                     "seqrec-study-train"),
                              callbacks=[TuneReportCallback()]),
     )
     result = trainer.fit()
@@ -384,7 +388,55 @@ class StudySearch(OptunaSearch):
     Ray's version tells a trial that failed after reporting as COMPLETE with its last values; here a failed
     trial is always FAIL, a trial with a non-finite objective FAIL, and one that reported nothing (stopped
     before its first epoch) PRUNED.
+
+    Its pickled forms (Tune's ``tuner.pkl`` and searcher checkpoints) hold the Optuna database's URL, not a live
+    connection, so that a study resumes wherever its folder is now (moved, pulled from a URI onto another
+    machine, a new working copy on a Ray Client head node): :meth:`relocate` points it at this session's database.
     """
+
+    def __init__(self, *args: Any, storage_url: str, **kwargs: Any):
+        import optuna
+
+        super().__init__(*args, storage=optuna.storages.RDBStorage(storage_url), **kwargs)
+        self._storage_url = storage_url
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        # Optuna's storage reconnects when unpickled, to a path that may no longer exist: keep ids, not objects
+        state.update(_storage=None, _ot_study=None,
+                     _ot_trials={tid: trial._trial_id for tid, trial in self._ot_trials.items()})
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        database = Path(self._storage_url.removeprefix("sqlite:///"))
+        if database.is_file():  # where it was: usable at once (a resume in place, or a copy of the searcher)
+            self.relocate(self._storage_url)
+
+    def save(self, checkpoint_path: str) -> None:
+        import pickle
+
+        with open(checkpoint_path, "wb") as out:
+            pickle.dump(self.__getstate__(), out)
+
+    def restore(self, checkpoint_path: str) -> None:
+        import pickle
+
+        here = self._storage_url  # set by relocate() before Tune restores the saved state
+        with open(checkpoint_path, "rb") as saved:
+            self.__dict__.update(pickle.load(saved))
+        self.relocate(here)
+
+    def relocate(self, storage_url: str) -> None:
+        """Use the Optuna database at ``storage_url`` (the study's and its trials' ids are kept in the file)."""
+        import optuna
+
+        storage = optuna.storages.RDBStorage(storage_url)
+        study = optuna.load_study(study_name=self._study_name, storage=storage, sampler=self._sampler,
+                                  pruner=optuna.pruners.NopPruner())
+        trials = {tid: getattr(trial, "_trial_id", trial) for tid, trial in self._ot_trials.items()}
+        self._storage_url, self._storage, self._ot_study = storage_url, storage, study
+        self._ot_trials = {tid: optuna.trial.Trial(study, trial_id) for tid, trial_id in trials.items()}
 
     def suggest(self, trial_id: str) -> dict | None:
         params = super().suggest(trial_id)
@@ -463,12 +515,11 @@ def make_searcher(study: Study, storage_url: str) -> Any:
                                              n_startup_trials=max(2, min(10, samples // 3)))
     metrics = [tune_key(m) for m in study.objectives]
     modes = list(study.objectives.values())
-    storage = optuna.storages.RDBStorage(storage_url)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if len(metrics) == 1:
-        return StudySearch(space=space, metric=metrics[0], mode=modes[0], sampler=sampler, storage=storage,
+        return StudySearch(space=space, metric=metrics[0], mode=modes[0], sampler=sampler, storage_url=storage_url,
                            study_name=study.name)
-    return StudySearch(space=space, metric=metrics, mode=modes, sampler=sampler, storage=storage,
+    return StudySearch(space=space, metric=metrics, mode=modes, sampler=sampler, storage_url=storage_url,
                        study_name=study.name)
 
 
@@ -795,9 +846,13 @@ def _drive(study: Study, out: Path, mirror: Mirror, base_data: TrialData, train_
         trainable = tune.with_resources(trainable, tune.PlacementGroupFactory([{"CPU": 0, "memory": 1}]))
     else:
         trainable = tune.with_resources(trainable, {"cpu": study.resources["cpu"], "gpu": study.resources["gpu"]})
+    # The study is read from its own records, never from Tune's ResultGrid, whose per-trial files may be missing
+    # (a trial killed mid-write) or looked up under a study folder's earlier path; its warnings would only confuse
+    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
     if resume:
         tuner = tune.Tuner.restore(str(out / TUNE_DIR), trainable=trainable, resume_unfinished=True,
                                    resume_errored=False, restart_errored=False)
+        _relocate(tuner, out, mirror, storage_url)
     else:
         recorder = SweepRecorder(str(out), _row_context(study, base_data.meta), mirror)
         if points is None:
@@ -826,6 +881,24 @@ def _drive(study: Study, out: Path, mirror: Mirror, base_data: TrialData, train_
     write_tables(out, _row_context(study, base_data.meta), records)
     mirror.push(force=True)
     return {"fit_wall_s": fit_wall, "fit_started_at": fit_started, "meta": base_data.meta}
+
+
+def _relocate(tuner: Any, out: Path, mirror: Mirror, storage_url: str) -> None:
+    """Point the restored recorder and searcher at this session's study folder.
+
+    ``Tuner.restore`` unpickles them with the paths of the session that started the study, which may have run in
+    another folder or on another machine. Ray keeps the restored configs on its internal tuner (no public
+    accessor), so a Ray that moved them fails here loudly rather than writing to the old paths.
+    """
+    internal = tuner._local_tuner
+    recorders = [c for c in internal.get_run_config().callbacks or [] if isinstance(c, SweepRecorder)]
+    searcher = internal._tune_config.search_alg
+    if not recorders:
+        raise RuntimeError("the restored Tune run has no SweepRecorder; cannot resume this study here")
+    for recorder in recorders:
+        recorder.out_dir, recorder.mirror = str(out), mirror
+    if isinstance(searcher, StudySearch):  # fixed points (replicates) have no searcher to move
+        searcher.relocate(storage_url)
 
 
 def _outcome(study: Study, out: Path, mirror: Mirror, fit: dict[str, Any],
@@ -863,12 +936,16 @@ def _run_on_head(study: Study, mirror: Mirror, out: Path, base_data: TrialData, 
                     if node["Alive"] and "node:__internal_head__" in node["Resources"])
         driver = ray.remote(num_cpus=0, max_retries=0)(_head_driver).options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False))
-        fit = ray.get(driver.remote(study, mirror.uri, relative, base_data, train_table, resume=resume,
-                                    quiet=quiet, points=points))
+        running = driver.remote(study, mirror.uri, relative, base_data, train_table, resume=resume, quiet=quiet,
+                                points=points)
+        try:
+            fit = ray.get(running)
+        except KeyboardInterrupt:  # the driver runs on the head: stop it too, or it would go on without us
+            ray.cancel(running, force=True)
+            raise
     except ray.exceptions.RayTaskError as error:
-        cause = error.as_instanceof_cause()
-        if isinstance(cause, UserError):
-            raise UserError(str(cause).splitlines()[-1]) from None
+        if isinstance(error.cause, UserError):  # e.g. a GPU asked of a cluster without one: an error line, exit 2
+            raise UserError(str(error.cause)) from None
         raise
     finally:
         if started_ray:

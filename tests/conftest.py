@@ -97,3 +97,27 @@ def s3_bucket(s3_server: dict[str, str], request: pytest.FixtureRequest) -> str:
     name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:50].strip("-") or "bucket"
     pafs.S3FileSystem(endpoint_override=s3_server["AWS_ENDPOINT_URL"], allow_bucket_creation=True).create_dir(name)
     return f"s3://{name}"
+
+
+@pytest.fixture
+def write_tiny_sweep(shared_datasets: Path):
+    """Writes a two-minute SASRec study on the shared LastFM file (one epoch per trial, tiny model)."""
+    import textwrap
+
+    def write(path: Path, *, name: str, storage: str | Path, samples: int, gpu: float = 0) -> Path:
+        path.write_text(textwrap.dedent(f"""
+            name: {name}
+            model: sasrec
+            dataset: {{name: lastfm, source: {shared_datasets / "s3rec" / "LastFM.txt"}}}
+            fixed: {{max_len: 20, batch_size: 256, hidden_size: 16, num_layers: 1, num_heads: 1, inner_size: 32,
+                    measure_efficiency: false}}
+            search:
+              lr: {{loguniform: [1.0e-3, 1.0e-2]}}
+            sampler: random
+            budget: {{num_samples: {samples}, max_epochs: 1}}
+            resources: {{cpu: 1, gpu: {gpu}}}
+            storage: {storage}
+            """).lstrip())
+        return path
+
+    return write

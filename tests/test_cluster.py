@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -55,23 +54,6 @@ def test_existing_cluster_gets_the_code_local_ray_does_not() -> None:
 # A real 2-node cluster
 
 
-def write_study(path: Path, out: Path | str, samples: int, gpu: float = 0) -> Path:
-    path.write_text(textwrap.dedent(f"""
-        name: two-nodes
-        model: sasrec
-        dataset: {{name: lastfm, source: {LASTFM}}}
-        fixed: {{max_len: 20, batch_size: 256, hidden_size: 16, num_layers: 1, num_heads: 1, inner_size: 32,
-                measure_efficiency: false}}
-        search:
-          lr: {{loguniform: [1.0e-3, 1.0e-2]}}
-        sampler: random
-        budget: {{num_samples: {samples}, max_epochs: 1}}
-        resources: {{cpu: 1, gpu: {gpu}}}
-        storage: {out}
-        """).lstrip())
-    return path
-
-
 def driver_env(tmp_path: Path) -> dict[str, str]:
     """The sweep's environment: a private data cache, and a driver that stays on loopback.
 
@@ -82,11 +64,12 @@ def driver_env(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "SEQREC_DATA": str(tmp_path / "cache"), "PYTHONPATH": str(REPO), LOOPBACK_DRIVER: "0"}
 
 
-def run_sweep(study: Path, address: str, env: dict[str, str], timeout: float,
-              cwd: Path = REPO) -> tuple[subprocess.CompletedProcess, float]:
+def run_sweep(study: Path, address: str, env: dict[str, str], timeout: float, cwd: Path = REPO,
+              extra: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess, float]:
     """The sweep CLI in its own session, joined to ``address``; the session is killed if it overruns."""
     started = time.time()
-    process = subprocess.Popen([sys.executable, "-m", "study.sweep", str(study), "--address", address, "--quiet"],
+    process = subprocess.Popen([sys.executable, "-m", "study.sweep", str(study), "--address", address, "--quiet",
+                                *extra],
                                cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                start_new_session=True)
     try:
@@ -139,9 +122,9 @@ def two_nodes(s3_server: dict[str, str]):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not LASTFM.is_file(), reason=f"{LASTFM} is not available")
-def test_sweep_runs_its_trials_on_both_nodes(tmp_path: Path, two_nodes) -> None:
+def test_sweep_runs_its_trials_on_both_nodes(tmp_path: Path, two_nodes, write_tiny_sweep) -> None:
     out = tmp_path / "out"
-    study = write_study(tmp_path / "study.yaml", out, samples=2)
+    study = write_tiny_sweep(tmp_path / "study.yaml", name="two-nodes", storage=out, samples=2)
     done, wall = run_sweep(study, two_nodes.address, driver_env(tmp_path), timeout=150)
     assert done.returncode == 0, done.stderr[-3000:]
     print(f"2-node sweep: {wall:.1f} s")
@@ -163,9 +146,9 @@ def test_sweep_runs_its_trials_on_both_nodes(tmp_path: Path, two_nodes) -> None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not LASTFM.is_file(), reason=f"{LASTFM} is not available")
-def test_a_gpu_trial_on_a_cpu_cluster_fails_up_front(tmp_path: Path, two_nodes) -> None:
+def test_a_gpu_trial_on_a_cpu_cluster_fails_up_front(tmp_path: Path, two_nodes, write_tiny_sweep) -> None:
     out = tmp_path / "out"
-    study = write_study(tmp_path / "gpu.yaml", out, samples=2, gpu=0.5)
+    study = write_tiny_sweep(tmp_path / "gpu.yaml", name="two-nodes", storage=out, samples=2, gpu=0.5)
     # a hang (Ray waiting for a GPU node) would be killed at the timeout and fail the test
     done, _ = run_sweep(study, two_nodes.address, driver_env(tmp_path), timeout=90)
     assert done.returncode == 2, done.stderr[-3000:]
@@ -175,12 +158,12 @@ def test_a_gpu_trial_on_a_cpu_cluster_fails_up_front(tmp_path: Path, two_nodes) 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not LASTFM.is_file(), reason=f"{LASTFM} is not available")
-def test_a_sweep_over_ray_client_runs_on_the_cluster_and_lands_in_s3(tmp_path: Path, two_nodes,
-                                                                      s3_bucket: str) -> None:
+def test_a_sweep_over_ray_client_runs_on_the_cluster_and_lands_in_s3(tmp_path: Path, two_nodes, s3_bucket: str,
+                                                                      write_tiny_sweep) -> None:
     import pyarrow.fs as pafs
 
     uri = f"{s3_bucket}/studies/two-nodes"
-    study = write_study(tmp_path / "client.yaml", uri, samples=2)
+    study = write_tiny_sweep(tmp_path / "client.yaml", name="two-nodes", storage=uri, samples=2)
     done, wall = run_sweep(study, two_nodes.client_address, driver_env(tmp_path), timeout=240, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     print(f"2-node sweep over Ray Client: {wall:.1f} s")
@@ -200,13 +183,33 @@ def test_a_sweep_over_ray_client_runs_on_the_cluster_and_lands_in_s3(tmp_path: P
     print("trials per node (Ray Client):", per_node.to_dict())
     assert set(per_node.index) == {node.node_id for node in two_nodes.list_all_nodes()}
 
+    # a resume drives the study from a new working copy on the head (the first one was removed): the restored
+    # searcher and recorder must follow it there
+    done, _ = run_sweep(study, two_nodes.client_address, driver_env(tmp_path), timeout=240, cwd=tmp_path,
+                        extra=("--resume",))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "2 trials: 2 ok" in done.stdout
+    assert sorted(p.name for p in (local / "trials").glob("*.json")) == records
+
 
 @pytest.mark.slow
 @pytest.mark.skipif(not LASTFM.is_file(), reason=f"{LASTFM} is not available")
-def test_ray_client_with_a_local_folder_is_refused_up_front(tmp_path: Path, two_nodes) -> None:
-    study = write_study(tmp_path / "local.yaml", tmp_path / "out", samples=1)
+def test_ray_client_with_a_local_folder_is_refused_up_front(tmp_path: Path, two_nodes, write_tiny_sweep) -> None:
+    study = write_tiny_sweep(tmp_path / "local.yaml", name="two-nodes", storage=tmp_path / "out", samples=1)
     done, _ = run_sweep(study, two_nodes.client_address, driver_env(tmp_path), timeout=120, cwd=tmp_path)
     assert done.returncode == 2, done.stderr[-3000:]
     assert "the study is driven from the cluster's head node" in done.stderr
     assert "set storage: to a URI both reach" in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not LASTFM.is_file(), reason=f"{LASTFM} is not available")
+def test_an_error_on_the_head_reaches_the_ray_client_as_an_error_line(tmp_path: Path, two_nodes, s3_bucket: str,
+                                                                       write_tiny_sweep) -> None:
+    study = write_tiny_sweep(tmp_path / "gpu.yaml", name="two-nodes", storage=f"{s3_bucket}/gpu", samples=2,
+                             gpu=0.5)
+    done, _ = run_sweep(study, two_nodes.client_address, driver_env(tmp_path), timeout=120, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "error: each trial asks for 0.5 GPU (resources.gpu) but the Ray cluster has no GPU" in done.stderr
+    assert "Traceback" not in done.stderr

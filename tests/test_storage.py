@@ -10,7 +10,6 @@ import shutil
 import sqlite3
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pandas as pd
@@ -157,23 +156,6 @@ def test_an_unreachable_store_is_a_clear_error(tmp_path: Path, s3_server: dict[s
 # A real sweep mirrored to S3
 
 
-def write_study(path: Path, storage: str, samples: int) -> Path:
-    path.write_text(textwrap.dedent(f"""
-        name: mirrored
-        model: sasrec
-        dataset: {{name: lastfm, source: {REPO.parent / "shared" / "datasets" / "s3rec" / "LastFM.txt"}}}
-        fixed: {{max_len: 20, batch_size: 256, hidden_size: 16, num_layers: 1, num_heads: 1, inner_size: 32,
-                measure_efficiency: false}}
-        search:
-          lr: {{loguniform: [1.0e-3, 1.0e-2]}}
-        sampler: random
-        budget: {{num_samples: {samples}, max_epochs: 1}}
-        resources: {{cpu: 1, gpu: 0}}
-        storage: {storage}
-        """).lstrip())
-    return path
-
-
 def sweep(study: Path, cwd: Path, *extra: str) -> subprocess.CompletedProcess:
     import os
 
@@ -184,9 +166,9 @@ def sweep(study: Path, cwd: Path, *extra: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_a_sweep_mirrors_to_s3_and_resumes_from_it_on_a_machine_without_the_copy(tmp_path: Path, s3_bucket: str,
-                                                                                  shared_datasets: Path) -> None:
+                                                                                  write_tiny_sweep) -> None:
     uri = f"{s3_bucket}/studies/mirrored"
-    study = write_study(tmp_path / "study.yaml", uri, samples=2)
+    study = write_tiny_sweep(tmp_path / "study.yaml", name="mirrored", storage=uri, samples=2)
     done = sweep(study, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"mirrored to {uri}" in done.stdout

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -48,7 +49,7 @@ def kill_session(session: int) -> None:
             pass
 
 
-def test_kill_9_then_resume_loses_no_finished_trial(tmp_path: Path) -> None:
+def test_kill_9_then_resume_elsewhere_loses_no_finished_trial(tmp_path: Path) -> None:
     out = tmp_path / "out"
     study = write_study(tmp_path / "kill.yaml", f"""
         name: kill-resume
@@ -82,8 +83,15 @@ def test_kill_9_then_resume_loses_no_finished_trial(tmp_path: Path) -> None:
     finished = {name: data for name, data in finished.items() if (records / name).exists()}
     assert len(finished) < 4, "the study finished before it could be killed"
 
-    resumed = subprocess.run(command + ["--resume"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    # the study resumes wherever its folder is now (moved, copied to another machine, pulled from a bucket): the
+    # restored recorder and Optuna searcher must follow it, and nothing may be written to the old place
+    moved = tmp_path / "moved"
+    shutil.move(out, moved)
+    out, records = moved, moved / "trials"
+    resumed = subprocess.run(command + ["--resume", "--set", f"storage={moved}"], cwd=REPO, env=env,
+                             capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert not (tmp_path / "out").exists()
     for name, data in finished.items():  # finished trials are kept as they were: neither lost nor retrained
         assert (records / name).read_bytes() == data, name
     trials = pd.read_parquet(out / "trials.parquet")
@@ -172,10 +180,10 @@ def test_ray_data_batches_cover_every_trainable_window_once_per_epoch(data_cache
 
     from study.data import prepare
     from study.train import TrialData, user_batches
-    from study.tune_runner import _training_dataset, crop_trial_data, ray_data_batches
+    from study.tune_runner import _training_dataset, _training_table, crop_trial_data, ray_data_batches
 
     path = prepare("lastfm", source=LASTFM, max_len=30, progress=False)
-    dataset = _training_dataset(path)  # read_parquet + filter + materialize, as the sweep does
+    dataset = _training_dataset(_training_table(path))  # from_arrow + filter + materialize, as the sweep does
     expected = TrialData.from_prepared(path, 12).train
     expected = np.concatenate(list(user_batches(expected, 10_000, np.random.default_rng(0))))
     batches = ray_data_batches(dataset, 64, seed=3, max_len=12, shuffle_rows=dataset.count())
