@@ -53,6 +53,7 @@ import yaml
 
 from study.errors import UserError
 from study.storage import Mirror, resolve_storage
+from study.study_config import ConfigErrors, resolve_dataset
 
 # torch, the model zoo and the study-config helpers are imported inside the functions that need them: this module
 # is also what every cell's Ray worker and measuring process import first, and torch alone takes seconds to load.
@@ -227,35 +228,7 @@ class Cell:
 # Reading and validation: every problem at once, each as "file:line: dotted.key: message"
 
 
-def _dotted(path: tuple) -> str:
-    text = ""
-    for part in path:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text
-
-
-class _Errors:
-    def __init__(self, source: Path | None, lines: dict[tuple, int], overridden: set[tuple]):
-        self.source, self.lines, self.overridden, self.items = source, lines, overridden, []
-
-    def where(self, path: tuple) -> str:
-        dotted = _dotted(path)
-        if any(tuple(path[:depth]) in self.overridden for depth in range(1, len(path) + 1)):
-            return f"--set {dotted}"
-        name = str(self.source) if self.source else "<study>"
-        for depth in range(len(path), 0, -1):
-            line = self.lines.get(tuple(path[:depth]))
-            if line is not None:
-                return f"{name}:{line}: {dotted}"
-        return f"{name}: {dotted}"
-
-    def add(self, path: tuple, message: str) -> None:
-        entry = f"{self.where(path)}: {message}"
-        if entry not in self.items:
-            self.items.append(entry)
-
-
-def _mapping(data: dict, key: str, errors: _Errors, allowed: tuple[str, ...], path: tuple = ()) -> dict:
+def _mapping(data: dict, key: str, errors: ConfigErrors, allowed: tuple[str, ...], path: tuple = ()) -> dict:
     value = data.get(key)
     if value is None:
         return {}
@@ -268,7 +241,7 @@ def _mapping(data: dict, key: str, errors: _Errors, allowed: tuple[str, ...], pa
     return value
 
 
-def _integer(value: Any, path: tuple, errors: _Errors, minimum: int | None = None) -> int | None:
+def _integer(value: Any, path: tuple, errors: ConfigErrors, minimum: int | None = None) -> int | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer():
         errors.add(path, f"expected an integer, got {type(value).__name__} {value!r}")
         return None
@@ -278,7 +251,7 @@ def _integer(value: Any, path: tuple, errors: _Errors, minimum: int | None = Non
     return int(value)
 
 
-def _number(value: Any, path: tuple, errors: _Errors, positive: bool = True) -> float | None:
+def _number(value: Any, path: tuple, errors: ConfigErrors, positive: bool = True) -> float | None:
     if isinstance(value, str):  # PyYAML reads 1e-3 (no dot) as a string
         try:
             value = float(value)
@@ -293,7 +266,7 @@ def _number(value: Any, path: tuple, errors: _Errors, positive: bool = True) -> 
     return float(value)
 
 
-def _int_list(data: dict, key: str, errors: _Errors, minimum: int) -> list[int]:
+def _int_list(data: dict, key: str, errors: ConfigErrors, minimum: int) -> list[int]:
     raw = data.get(key)
     if not isinstance(raw, list) or not raw:
         errors.add((key,), f"must be a non-empty list of integers, got {raw!r}")
@@ -325,7 +298,7 @@ def resolve(data: dict[str, Any], *, source: Path | None = None, lines: dict[tup
     """Check every section and every cell against its model's constraints; all errors at once."""
     from study.study_config import StudyConfigError
 
-    errors = _Errors(source, lines or {}, overridden or set())
+    errors = ConfigErrors(source, lines or {}, overridden or set())
     for key in data:
         if key not in TOP_LEVEL:
             errors.add((key,), f"unknown section; a scaling study takes {', '.join(TOP_LEVEL)}")
@@ -335,7 +308,7 @@ def resolve(data: dict[str, Any], *, source: Path | None = None, lines: dict[tup
         errors.add(("name",), f"required: letters, digits, '.', '_' or '-' (it names the results folder), "
                               f"got {name!r}")
         name = "scaling"
-    dataset = _resolve_dataset(data, errors, source)
+    dataset = resolve_dataset(data, errors, source)
     num_items = None if data.get("num_items") is None else _integer(data["num_items"], ("num_items",), errors, 1)
 
     lengths = sorted(_int_list(data, "lengths", errors, minimum=1))
@@ -384,48 +357,7 @@ def resolve(data: dict[str, Any], *, source: Path | None = None, lines: dict[tup
                         storage_uri=storage_uri, source=source)
 
 
-def _resolve_dataset(data: dict, errors: _Errors, source: Path | None) -> dict[str, Any]:
-    from study.data import get_recipe
-
-    section = {"name": data["dataset"]} if isinstance(data.get("dataset"), str) else \
-        _mapping(data, "dataset", errors, ("name", "source", "kcore", "options"))
-    name = section.get("name", "ml-100k")
-    kcore = section.get("kcore")
-    if kcore is not None:
-        kcore = _integer(kcore, ("dataset", "kcore"), errors, 0)
-    options = section.get("options") or {}
-    if not isinstance(options, dict):
-        errors.add(("dataset", "options"), f"must be a mapping of recipe options, got {options!r}")
-        options = {}
-    raw_source, dataset_source = section.get("source"), None
-    if raw_source is not None:
-        candidate = Path(str(raw_source)).expanduser()
-        # relative to the working directory first, then to the study file
-        if not candidate.is_absolute() and not candidate.exists() and source is not None:
-            beside = source.parent / candidate
-            candidate = beside if beside.exists() else candidate
-        if not candidate.exists():
-            errors.add(("dataset", "source"), f"{raw_source} does not exist")
-        dataset_source = str(candidate.resolve())
-    try:
-        recipe = get_recipe(str(name))
-    except UserError as error:
-        errors.add(("dataset", "name"), str(error))
-        recipe = None
-    if recipe is not None:
-        try:
-            recipe.resolve_options(dict(options))
-        except UserError as error:
-            errors.add(("dataset", "options"), str(error))
-        if recipe.synthetic and raw_source is not None:
-            errors.add(("dataset", "source"), f"dataset '{name}' is generated and takes no source")
-        if not recipe.synthetic and recipe.download is None and raw_source is None:
-            errors.add(("dataset", "source"), f"dataset '{name}' cannot be downloaded; give a local copy "
-                                              f"(--set dataset.source=PATH): {recipe.source_format}")
-    return {"name": str(name), "source": dataset_source, "kcore": kcore, "options": dict(options)}
-
-
-def _resolve_batches(data: dict, errors: _Errors, lengths: list[int]) -> tuple[list[int], int | None]:
+def _resolve_batches(data: dict, errors: ConfigErrors, lengths: list[int]) -> tuple[list[int], int | None]:
     has_batches, has_tokens = data.get("batch_sizes") is not None, data.get("tokens_per_batch") is not None
     if has_batches == has_tokens:
         errors.add(("batch_sizes",), "give exactly one of batch_sizes (a list) and tokens_per_batch (batch = "
@@ -442,7 +374,7 @@ def _resolve_batches(data: dict, errors: _Errors, lengths: list[int]) -> tuple[l
     return [], tokens
 
 
-def _resolve_modes(data: dict, errors: _Errors) -> list[str]:
+def _resolve_modes(data: dict, errors: ConfigErrors) -> list[str]:
     raw = data.get("modes", list(MODES))
     if not isinstance(raw, list) or not raw:
         errors.add(("modes",), f"must be a non-empty list of {', '.join(MODES)}, got {raw!r}")
@@ -458,7 +390,7 @@ def _resolve_modes(data: dict, errors: _Errors) -> list[str]:
     return modes
 
 
-def _resolve_measure(data: dict, errors: _Errors) -> dict[str, Any]:
+def _resolve_measure(data: dict, errors: ConfigErrors) -> dict[str, Any]:
     raw = _mapping(data, "measure", errors, tuple(MEASURE_DEFAULTS))
     measure = dict(MEASURE_DEFAULTS)
     for key in ("warmup", "repeats", "top_k"):
@@ -483,7 +415,7 @@ def _entry_label(entry: dict) -> str:
     return f"{entry.get('model')}-{backend}" if backend else str(entry.get("model"))
 
 
-def _resolve_models(data: dict, errors: _Errors, lengths: list[int], num_items: int | None) -> list[ModelEntry]:
+def _resolve_models(data: dict, errors: ConfigErrors, lengths: list[int], num_items: int | None) -> list[ModelEntry]:
     import models
 
     shared_train = _mapping(data, "train", errors, TRAIN_KEYS)
@@ -535,7 +467,8 @@ def _resolve_models(data: dict, errors: _Errors, lengths: list[int], num_items: 
 
 
 def _check_entry(name: str, label: str, path: tuple, config: dict, shared_train: dict, own_train: dict,
-                 lengths: list[int], num_items: int | None, errors: _Errors, data_lengths: Any) -> ModelEntry | None:
+                 lengths: list[int], num_items: int | None, errors: ConfigErrors,
+                 data_lengths: Any) -> ModelEntry | None:
     """Type the entry's settings, then build its config at every length: the model declares its constraints."""
     import models
     from models import ConfigError
@@ -589,7 +522,7 @@ def _check_entry(name: str, label: str, path: tuple, config: dict, shared_train:
     return ModelEntry(label=label, model=name, config=hparams, train=train)
 
 
-def _resolve_claims(data: dict, errors: _Errors, labels: list[str], modes: list[str],
+def _resolve_claims(data: dict, errors: ConfigErrors, labels: list[str], modes: list[str],
                     batch_sizes: list[int]) -> list[Claim]:
     raw = data.get("claims") or []
     if not isinstance(raw, list):
@@ -636,7 +569,7 @@ def _resolve_claims(data: dict, errors: _Errors, labels: list[str], modes: list[
     return claims
 
 
-def _resolve_resources(data: dict, errors: _Errors, check_machine: bool) -> dict[str, Any]:
+def _resolve_resources(data: dict, errors: ConfigErrors, check_machine: bool) -> dict[str, Any]:
     raw = _mapping(data, "resources", errors, ("cpu", "gpu", "max_concurrent"))
     cpu = _number(raw.get("cpu", 1), ("resources", "cpu"), errors) or 1.0
     gpu = raw.get("gpu", "auto")
@@ -664,7 +597,7 @@ def check_data(study: ScalingStudy, num_users: int, dataset_items: int) -> None:
     """Checks that need the prepared dataset: enough distinct users per batch, a catalogue that holds its ids."""
     from study.study_config import StudyConfigError, read_yaml
 
-    errors = _Errors(study.source, {}, set())
+    errors = ConfigErrors(study.source, {}, set())
     if study.source is not None:
         _, errors.lines = read_yaml(study.source)
     name = study.dataset["name"]

@@ -277,7 +277,7 @@ def load_study(path: str | Path, assignments: list[str] | None = None, *, check_
 # Validation
 
 
-class _Errors:
+class ConfigErrors:
     """Collects ``where: message`` lines; ``where`` is ``file:line: dotted.key`` or ``--set dotted.key``."""
 
     def __init__(self, source: Path | None, lines: dict[tuple, int], overridden: set[tuple]):
@@ -286,7 +286,9 @@ class _Errors:
 
     def where(self, *path: Any) -> str:
         path = self.alias.get(tuple(path[:2]), tuple(path[:2])) + tuple(path[2:])
-        dotted = ".".join(str(p) for p in path)
+        dotted = ""
+        for part in path:  # models[1].config.hidden_size: list positions as indices
+            dotted += f"[{part}]" if isinstance(part, int) else (f".{part}" if dotted else str(part))
         for depth in range(len(path), 0, -1):
             if tuple(path[:depth]) in self.overridden:
                 return f"--set {dotted}"
@@ -320,7 +322,7 @@ def _number(value: Any) -> float | int | None:
     return None
 
 
-def _section(data: dict, name: str, errors: _Errors, default: dict | None = None) -> dict:
+def _section(data: dict, name: str, errors: ConfigErrors, default: dict | None = None) -> dict:
     value = data.get(name)
     if value is None:
         return dict(default or {})
@@ -330,13 +332,13 @@ def _section(data: dict, name: str, errors: _Errors, default: dict | None = None
     return dict(value)
 
 
-def _check_keys(section: dict, name: str, allowed: dict[str, Any] | tuple, errors: _Errors) -> None:
+def _check_keys(section: dict, name: str, allowed: dict[str, Any] | tuple, errors: ConfigErrors) -> None:
     for key in section:
         if key not in allowed:
             errors.add((name, key), f"unknown key; {name} takes {', '.join(allowed)}")
 
 
-def _typed(section: dict, name: str, key: str, kind: type | tuple, errors: _Errors, default: Any) -> Any:
+def _typed(section: dict, name: str, key: str, kind: type | tuple, errors: ConfigErrors, default: Any) -> Any:
     """Read ``section[key]`` as ``kind`` (numbers may come as strings), or report and return the default."""
     if key not in section or section[key] is None:
         return default
@@ -370,7 +372,8 @@ def _known_keys(model: str) -> set[str]:
     return (set(TRAIN_FIELDS) | set(models.config_fields(model))) - {"num_items"}
 
 
-def _resolve_dataset(data: dict, errors: _Errors, source: Path | None) -> dict[str, Any]:
+def resolve_dataset(data: dict, errors: ConfigErrors, source: Path | None) -> dict[str, Any]:
+    """The ``dataset:`` section of a study file (sweep or scaling): recipe, source, k-core and recipe options."""
     from study.data import get_recipe
 
     if isinstance(data.get("dataset"), str):  # `dataset: lastfm` is a natural shorthand
@@ -419,7 +422,7 @@ def _resolve_dataset(data: dict, errors: _Errors, source: Path | None) -> dict[s
     return {"name": name, "source": dataset_source, "kcore": kcore, "options": dict(options)}
 
 
-def _resolve_param(model: str, key: str, spec: Any, errors: _Errors) -> SearchParam | None:
+def _resolve_param(model: str, key: str, spec: Any, errors: ConfigErrors) -> SearchParam | None:
     path = ("search", key)
     if not isinstance(spec, dict):
         errors.add(path, f"expected a distribution such as {{choice: [..]}}, got {spec!r}; "
@@ -491,7 +494,7 @@ def _resolve_param(model: str, key: str, spec: Any, errors: _Errors) -> SearchPa
     return SearchParam(key, kind, low=low, high=high, step=float(step) if step is not None else None)
 
 
-def _resolve_objectives(data: dict, errors: _Errors) -> dict[str, str]:
+def _resolve_objectives(data: dict, errors: ConfigErrors) -> dict[str, str]:
     section = data.get("objectives")
     if section is None:
         return {"valid_ndcg@10": "max"}
@@ -525,7 +528,7 @@ def _resolve_objectives(data: dict, errors: _Errors) -> dict[str, str]:
 def resolve(data: dict[str, Any], *, source: Path | None = None, lines: dict[tuple, int] | None = None,
             overridden: set[tuple] | None = None, check_machine: bool = True) -> Study:
     """Validate every section of a parsed study; report all problems together, each naming its key."""
-    errors = _Errors(source, lines or {}, overridden or set())
+    errors = ConfigErrors(source, lines or {}, overridden or set())
     overridden = overridden or set()
     for key in data:
         if key not in SECTIONS:
@@ -541,7 +544,7 @@ def resolve(data: dict[str, Any], *, source: Path | None = None, lines: dict[tup
     if model is not None and model not in models.available():
         errors.add(("model",), f"unknown model {model!r}; known: {', '.join(models.available())}")
         model = None
-    dataset = _resolve_dataset(data, errors, source)
+    dataset = resolve_dataset(data, errors, source)
 
     protocol = _section(data, "protocol", errors)
     fixed = _section(data, "fixed", errors)
@@ -671,7 +674,7 @@ def resolve(data: dict[str, Any], *, source: Path | None = None, lines: dict[tup
     return study
 
 
-def _resolve_scheduler(data: dict, objectives: dict[str, str], budget: dict, errors: _Errors) -> dict | None:
+def _resolve_scheduler(data: dict, objectives: dict[str, str], budget: dict, errors: ConfigErrors) -> dict | None:
     raw = data.get("scheduler", {})
     if raw in (None, "none", False):
         return None
@@ -717,7 +720,7 @@ def _machine_resources() -> tuple[float, float]:
     return float(cpus), float(torch.cuda.device_count() if torch.cuda.is_available() else 0)
 
 
-def _resolve_resources(data: dict, errors: _Errors, check_machine: bool) -> dict[str, Any]:
+def _resolve_resources(data: dict, errors: ConfigErrors, check_machine: bool) -> dict[str, Any]:
     raw = _section(data, "resources", errors)
     _check_keys(raw, "resources", ("cpu", "gpu", "workers_per_trial", "max_concurrent"), errors)
     cpu = _typed(raw, "resources", "cpu", (int, float), errors, 1)
@@ -761,7 +764,7 @@ def _points(study: Study) -> tuple[list[dict[str, Any]], bool]:
     return points, False
 
 
-def _check_combinations(study: Study, errors: _Errors) -> None:
+def _check_combinations(study: Study, errors: ConfigErrors) -> None:
     """Run every search point through split_settings + make_config, and check the training objective.
 
     The model declares its own constraints (heads divide hidden size, ELASTIC's K square ...), so this stays
@@ -821,7 +824,7 @@ def _home(study: Study, key: str) -> tuple[str, str]:
     return ("fixed", key)
 
 
-def _check_study_settings(study: Study, errors: _Errors) -> None:
+def _check_study_settings(study: Study, errors: ConfigErrors) -> None:
     """Combinations across sections: efficiency objectives need measuring, threads fit the CPU share."""
     settings = study.settings({k: p.candidates()[0] for k, p in study.search.items()})
     measure = settings.get("measure_efficiency", TrainConfig.measure_efficiency)
