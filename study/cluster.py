@@ -23,12 +23,14 @@ import math
 import os
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from study.errors import UserError
 
 LOCAL, AUTO = "local", "auto"
+CLIENT_ATTEMPTS = 3
 DASHBOARD_HOST, DASHBOARD_PORT = "127.0.0.1", 8265
 # Trials share cores: OpenMP threads that spin while waiting steal them from the neighbouring trial (~10x slower).
 WORKER_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
@@ -104,10 +106,20 @@ def start_ray(address: str = LOCAL, *, dashboard: bool = False, num_cpus: int | 
         if num_cpus is not None:
             raise UserError("--num-cpus sizes a local Ray only; an existing cluster has the CPUs its nodes declare")
         kwargs.update(address=address)
-    try:
-        context = ray.init(**kwargs)
-    except ConnectionError as error:
-        raise UserError(f"cannot reach the Ray cluster at {address}: {error}") from None
+    # Ray Client's server forks a server per connection, which now and then dies at start-up (seen on loopback
+    # when connections follow each other closely); a second attempt gets a fresh one
+    attempts = CLIENT_ATTEMPTS if is_client(address) else 1
+    for attempt in range(1, attempts + 1):
+        try:
+            context = ray.init(**kwargs)
+            break
+        except ConnectionError as error:
+            if attempt == attempts:
+                raise UserError(f"cannot reach the Ray cluster at {address}: {error}") from None
+            print(f"connecting to {address} failed ({str(error).strip().splitlines()[-1]}); retrying",
+                  file=sys.stderr)
+            ray.shutdown()  # drop the half-made connection
+            time.sleep(2.0 * attempt)
     if dashboard:
         _print_dashboard(context, address)
     return True

@@ -50,6 +50,39 @@ def test_existing_cluster_gets_the_code_local_ray_does_not() -> None:
     assert shipped["env_vars"]["OMP_WAIT_POLICY"] == "PASSIVE"
 
 
+def test_ray_client_retries_a_connection_its_server_failed_to_start(monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture) -> None:
+    import ray
+
+    from study import cluster
+
+    calls = []
+
+    def init(**kwargs):
+        calls.append(kwargs["address"])
+        if len(calls) < cluster.CLIENT_ATTEMPTS:  # what Ray Client raises when its per-connection server died
+            raise ConnectionAbortedError("Initialization failure from server:\nStarting Ray client server failed.")
+        return None
+
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    monkeypatch.setattr(cluster.time, "sleep", lambda seconds: None)
+    assert cluster.start_ray("ray://127.0.0.1:10001", quiet=True)
+    assert calls == ["ray://127.0.0.1:10001"] * cluster.CLIENT_ATTEMPTS
+    assert "failed (Starting Ray client server failed.); retrying" in capsys.readouterr().err
+
+    calls.clear()
+
+    def refuse(**kwargs):
+        calls.append(kwargs["address"])
+        raise ConnectionError("refused")
+
+    monkeypatch.setattr(ray, "init", refuse)
+    with pytest.raises(UserError, match="cannot reach the Ray cluster at 127.0.0.1:6379: refused"):
+        cluster.start_ray("127.0.0.1:6379", quiet=True)
+    assert calls == ["127.0.0.1:6379"]  # a GCS address is not retried: ray.init waits for the GCS on its own
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # A real 2-node cluster
 
