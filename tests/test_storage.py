@@ -212,3 +212,14 @@ def test_a_sweep_mirrors_to_s3_and_resumes_from_it_on_a_machine_without_the_copy
     remote = s3_files(s3_bucket, "studies/mirrored")
     assert remote["replicates.parquet"] == (local / "replicates.parquet").read_bytes()
     assert any(name.startswith("replicates/001/trials/") for name in remote)
+
+
+def test_a_mounted_share_by_file_uri_is_mirrored_like_a_bucket(tmp_path: Path) -> None:
+    local, share = tmp_path / "study", tmp_path / "share" / "studies" / "s"
+    make_folder(local)
+    mirror = Mirror(local, f"file://{share}")
+    assert mirror.push(force=True) == 3  # the share's folders are created as needed
+    assert (share / "trials" / "a.json").read_text() == '{"trial_id": "a"}\n'
+    assert sorted(mirror.remote_files()) == ["optuna.db", "study.yaml", "trials/a.json"]
+    assert Mirror(tmp_path / "back", f"file://{share}").pull() == 3
+    assert (tmp_path / "back" / "study.yaml").read_text() == "name: s\n"
