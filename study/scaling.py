@@ -1548,10 +1548,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         study = load_scaling_study(args.study, args.overrides, check_machine=args.address == "local")
         if args.dry_run:
+            mirrored = f", mirrored to {study.storage_uri}" if study.storage_uri else ""
             print(study.to_yaml(), end="")
             print(f"# valid: {len(study.cells())} cells ({len(study.models)} models × {len(study.lengths)} lengths × "
                   f"{len(study.batch_keys())} batch setting(s) × {len(study.modes)} mode(s)); results would go to "
-                  f"{study.storage}", file=sys.stderr)
+                  f"{study.storage}{mirrored}", file=sys.stderr)
             return 0
         outcome = run_study(study, address=args.address, num_cpus=args.num_cpus,
                             progress=not args.no_progress and sys.stderr.isatty(), quiet=args.quiet,

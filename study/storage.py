@@ -27,6 +27,7 @@ import sqlite3
 import sys
 import tempfile
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +106,8 @@ def _is_scratch(relative: str) -> bool:
 
 def _sqlite_snapshot(path: Path, into: Path) -> None:
     """A consistent copy of a SQLite database even while another connection may hold it (the backup API)."""
-    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as source, sqlite3.connect(into) as target:
+    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as source, \
+            closing(sqlite3.connect(into)) as target:
         source.backup(target)
 
 
@@ -129,11 +131,6 @@ class Mirror:
 
     def __repr__(self) -> str:
         return f"Mirror({str(self.local)!r} → {self.uri!r})"
-
-    @property
-    def target(self) -> str:
-        """Where the results are, for messages: the URI if there is one, else the folder."""
-        return self.uri or str(self.local)
 
     def _open(self) -> tuple[Any, str]:
         if self._fs is None:

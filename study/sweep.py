@@ -54,10 +54,11 @@ def main(argv: list[str] | None = None) -> int:
         # a joined cluster may have more CPUs/GPUs than this machine: only check the machine for an embedded Ray
         study = load_study(args.study, args.overrides, check_machine=args.address == "local")
         if args.dry_run:
+            mirrored = f", mirrored to {study.storage_uri}" if study.storage_uri else ""
             print(study.to_yaml(), end="")
             checked = "every" if study.exhaustive_check else "one key at a time over"
             print(f"# valid: checked {checked} {study.checked_points} search combination(s) against {study.model}'s "
-                  f"constraints; results would go to {study.storage}", file=sys.stderr)
+                  f"constraints; results would go to {study.storage}{mirrored}", file=sys.stderr)
             return 0
         # Tune's classic console table shows only the searched keys and objectives (see _progress_reporter);
         # set before Ray is imported

@@ -26,6 +26,7 @@ step (see :func:`_data_parallel_trial`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -871,7 +872,12 @@ def _drive(study: Study, out: Path, mirror: Mirror, base_data: TrialData, train_
                                       progress_reporter=_progress_reporter(study), verbose=0 if quiet else 1),
         )
     fit_started = time.time()
-    tuner.fit()
+    try:
+        tuner.fit()
+    except BaseException:  # Ctrl-C or a crash: what finished goes to storage, for a --resume anywhere
+        with contextlib.suppress(Exception):
+            mirror.push(force=True)
+        raise
     fit_wall = time.time() - fit_started
     numbers = _close_orphans(storage_url, study.name) if points is None else {}
     records = read_records(out / RECORDS_DIR)
@@ -932,10 +938,12 @@ def _run_on_head(study: Study, mirror: Mirror, out: Path, base_data: TrialData, 
     relative = out.relative_to(study.storage).as_posix() if out != study.storage else ""
     started_ray = start_ray(address, dashboard=dashboard, quiet=quiet)
     try:
-        head = next(node["NodeID"] for node in ray.nodes()
-                    if node["Alive"] and "node:__internal_head__" in node["Resources"])
-        driver = ray.remote(num_cpus=0, max_retries=0)(_head_driver).options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False))
+        # the head: long-lived, and usually kept free of trials; any node would do (soft), the URI holds the study
+        head = next((node["NodeID"] for node in ray.nodes()
+                     if node["Alive"] and "node:__internal_head__" in node["Resources"]), None)
+        driver = ray.remote(num_cpus=0, max_retries=0)(_head_driver)
+        if head is not None:
+            driver = driver.options(scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=True))
         running = driver.remote(study, mirror.uri, relative, base_data, train_table, resume=resume, quiet=quiet,
                                 points=points)
         try:
