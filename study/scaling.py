@@ -46,14 +46,16 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import yaml
 
 from study.errors import UserError
 from study.storage import Mirror, resolve_storage
-from study.study_config import ConfigErrors, resolve_dataset
+
+if TYPE_CHECKING:
+    from study.study_config import ConfigErrors
 
 # torch, the model zoo and the study-config helpers are imported inside the functions that need them: this module
 # is also what every cell's Ray worker and measuring process import first, and torch alone takes seconds to load.
@@ -296,7 +298,7 @@ def load_scaling_study(path: str | Path, assignments: list[str] | None = None, *
 def resolve(data: dict[str, Any], *, source: Path | None = None, lines: dict[tuple, int] | None = None,
             overridden: set[tuple] | None = None, check_machine: bool = True) -> ScalingStudy:
     """Check every section and every cell against its model's constraints; all errors at once."""
-    from study.study_config import StudyConfigError
+    from study.study_config import ConfigErrors, StudyConfigError, resolve_dataset
 
     errors = ConfigErrors(source, lines or {}, overridden or set())
     for key in data:
@@ -595,7 +597,7 @@ def _resolve_resources(data: dict, errors: ConfigErrors, check_machine: bool) ->
 
 def check_data(study: ScalingStudy, num_users: int, dataset_items: int) -> None:
     """Checks that need the prepared dataset: enough distinct users per batch, a catalogue that holds its ids."""
-    from study.study_config import StudyConfigError, read_yaml
+    from study.study_config import ConfigErrors, StudyConfigError, read_yaml
 
     errors = ConfigErrors(study.source, {}, set())
     if study.source is not None:
