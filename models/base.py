@@ -61,6 +61,11 @@ def heads_divide_hidden(config: ModelConfig, num_heads: int) -> list[tuple[str, 
     return []
 
 
+def at_least_one_errors(config: ModelConfig, *keys: str) -> list[tuple[str, str]]:
+    """Sizes and counts that must be positive integers (layers, inner size, kernel size, …)."""
+    return [(key, f"must be >= 1, got {getattr(config, key)}") for key in keys if getattr(config, key) < 1]
+
+
 def probability_errors(config: ModelConfig, *keys: str) -> list[tuple[str, str]]:
     return [(key, f"must be in [0, 1), got {getattr(config, key)}")
             for key in keys if not 0.0 <= getattr(config, key) < 1.0]
@@ -78,6 +83,12 @@ class SeqRecModel(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
+
+    def narrow_objectives(self, causal: bool, otherwise: tuple[str, ...]) -> None:
+        """Narrow the class's objectives to this instance's mixer: a causal one trains like SASRec (default
+        ``causal``); a bidirectional one only with ``otherwise``, whose first entry becomes the default."""
+        self.objectives = ("causal", "last", "bce") if causal else otherwise
+        self.default_objective = self.objectives[0]
 
     @property
     def mask_token(self) -> int:

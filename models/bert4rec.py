@@ -28,7 +28,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from models.base import ModelConfig, SeqRecModel, heads_divide_hidden, init_weights, probability_errors
+from models.base import (
+    ModelConfig,
+    SeqRecModel,
+    at_least_one_errors,
+    heads_divide_hidden,
+    init_weights,
+    probability_errors,
+)
 from models.blocks import (
     ATTENTION_BACKENDS,
     ItemEmbedding,
@@ -63,11 +70,7 @@ class BERT4RecConfig(ModelConfig):
 
 def backbone_errors(config: ModelConfig) -> list[tuple[str, str]]:
     """Constraints of the encoder shared by BERT4Rec and Cotten4Rec."""
-    errors = []
-    if config.num_layers < 1:
-        errors.append(("num_layers", f"must be >= 1, got {config.num_layers}"))
-    if config.inner_size < 1:
-        errors.append(("inner_size", f"must be >= 1, got {config.inner_size}"))
+    errors = at_least_one_errors(config, "num_layers", "inner_size")
     if config.activation not in ACTIVATIONS:
         errors.append(("activation", f"must be one of {ACTIVATIONS}, got {config.activation!r}"))
     return errors

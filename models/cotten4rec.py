@@ -83,10 +83,7 @@ class Cotten4Rec(BERT4Rec):
 
     def __init__(self, config: Cotten4RecConfig):
         super().__init__(config)
-        if config.causal:
-            self.objectives, self.default_objective = ("causal", "last", "bce"), "causal"
-        else:
-            self.objectives, self.default_objective = ("cloze", "last"), "cloze"
+        self.narrow_objectives(config.causal, otherwise=("cloze", "last"))
 
     def make_mixer(self, config: Cotten4RecConfig) -> TokenMixer:
         return CosineAttention(config.hidden_size, config.num_heads, config.causal, config.m_init)

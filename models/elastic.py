@@ -62,7 +62,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.base import ModelConfig, SeqRecModel, heads_divide_hidden, init_weights, probability_errors
+from models.base import (
+    ModelConfig,
+    SeqRecModel,
+    at_least_one_errors,
+    heads_divide_hidden,
+    init_weights,
+    probability_errors,
+)
 from models.blocks import FeedForward, ItemEmbedding, SoftmaxAttention
 from models.registry import register
 
@@ -92,10 +99,7 @@ class ElasticConfig(ModelConfig):
     def constraint_errors(self) -> list[tuple[str, str]]:
         errors = super().constraint_errors() + heads_divide_hidden(self, self.num_heads)
         errors += probability_errors(self, "dropout", "attn_dropout")
-        if self.num_layers < 1:
-            errors.append(("num_layers", f"must be >= 1, got {self.num_layers}"))
-        if self.inner_size < 1:
-            errors.append(("inner_size", f"must be >= 1, got {self.inner_size}"))
+        errors += at_least_one_errors(self, "num_layers", "inner_size")
         if self.activation not in ("gelu", "relu", "silu"):
             errors.append(("activation", f"must be gelu, relu or silu, got {self.activation!r}"))
         if self.num_experts < 1 or self.sub_keys ** 2 != self.num_experts:

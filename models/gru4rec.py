@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from models.base import ModelConfig, SeqRecModel, probability_errors
+from models.base import ModelConfig, SeqRecModel, at_least_one_errors, probability_errors
 from models.registry import register
 
 
@@ -33,10 +33,7 @@ class GRU4RecConfig(ModelConfig):
 
     def constraint_errors(self) -> list[tuple[str, str]]:
         errors = super().constraint_errors() + probability_errors(self, "dropout")
-        if self.embedding_size < 1:
-            errors.append(("embedding_size", f"must be >= 1, got {self.embedding_size}"))
-        if self.num_layers < 1:
-            errors.append(("num_layers", f"must be >= 1, got {self.num_layers}"))
+        errors += at_least_one_errors(self, "embedding_size", "num_layers")
         return errors
 
 

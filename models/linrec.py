@@ -40,7 +40,14 @@ import torch
 import torch.nn.functional as F
 
 import kernels
-from models.base import ModelConfig, SeqRecModel, heads_divide_hidden, init_weights, probability_errors
+from models.base import (
+    ModelConfig,
+    SeqRecModel,
+    at_least_one_errors,
+    heads_divide_hidden,
+    init_weights,
+    probability_errors,
+)
 from models.blocks import ItemEmbedding, TransformerBlock, TransformerEncoder
 from models.mixers import LinearAttentionMixer, row_l2, zero_padding
 from models.registry import register
@@ -87,10 +94,7 @@ class LinRecConfig(ModelConfig):
     def constraint_errors(self) -> list[tuple[str, str]]:
         errors = super().constraint_errors() + heads_divide_hidden(self, self.num_heads)
         errors += probability_errors(self, "dropout")
-        if self.num_layers < 1:
-            errors.append(("num_layers", f"must be >= 1, got {self.num_layers}"))
-        if self.inner_size < 1:
-            errors.append(("inner_size", f"must be >= 1, got {self.inner_size}"))
+        errors += at_least_one_errors(self, "num_layers", "inner_size")
         if self.activation not in ("gelu", "relu", "silu"):
             errors.append(("activation", f"must be gelu, relu or silu, got {self.activation!r}"))
         if self.key_norm not in KEY_NORMS:
@@ -108,10 +112,7 @@ class LinRec(SeqRecModel):
     def __init__(self, config: LinRecConfig):
         super().__init__(config)
         c = config
-        if c.causal:
-            self.objectives, self.default_objective = ("causal", "last", "bce"), "causal"
-        else:
-            self.objectives, self.default_objective = ("last",), "last"
+        self.narrow_objectives(c.causal, otherwise=("last",))
         self.embedding = ItemEmbedding(c.num_items, c.max_len, c.hidden_size, c.dropout)
         self.encoder = TransformerEncoder([
             TransformerBlock(LinRecAttention(c.hidden_size, c.num_heads, c.causal, c.key_norm),

@@ -54,7 +54,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels import causal_histogram_attention
-from models.base import ModelConfig, SeqRecModel, probability_errors
+from models.base import ModelConfig, SeqRecModel, at_least_one_errors, probability_errors
 from models.blocks import FeedForward
 from models.registry import register
 
@@ -93,8 +93,7 @@ class LISAConfig(ModelConfig):
             errors.append(("decay", f"must be >= 0 (0 = no decay), got {self.decay}"))
         if self.aux_weight < 0:
             errors.append(("aux_weight", f"must be >= 0, got {self.aux_weight}"))
-        if self.inner_size < 1:
-            errors.append(("inner_size", f"must be >= 1, got {self.inner_size}"))
+        errors += at_least_one_errors(self, "inner_size")
         return errors
 
 

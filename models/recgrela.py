@@ -45,7 +45,14 @@ import torch.nn.functional as F
 from torch import nn
 
 import kernels
-from models.base import ModelConfig, SeqRecModel, heads_divide_hidden, init_weights, probability_errors
+from models.base import (
+    ModelConfig,
+    SeqRecModel,
+    at_least_one_errors,
+    heads_divide_hidden,
+    init_weights,
+    probability_errors,
+)
 from models.blocks import DropPath, FeedForward, TokenMixer
 from models.mixers import merge_heads, split_heads, zero_padding
 from models.registry import register
@@ -132,12 +139,7 @@ class RecGRELAConfig(ModelConfig):
                                         f"{self.hidden_size} / num_heads={self.num_heads} = "
                                         f"{self.hidden_size // self.num_heads}"))
         errors += probability_errors(self, "dropout", "drop_path")
-        if self.num_layers < 1:
-            errors.append(("num_layers", f"must be >= 1, got {self.num_layers}"))
-        if self.inner_size < 1:
-            errors.append(("inner_size", f"must be >= 1, got {self.inner_size}"))
-        if self.conv_kernel_size < 1:
-            errors.append(("conv_kernel_size", f"must be >= 1, got {self.conv_kernel_size}"))
+        errors += at_least_one_errors(self, "num_layers", "inner_size", "conv_kernel_size")
         if self.rope_base <= 1.0:
             errors.append(("rope_base", f"must be > 1, got {self.rope_base}"))
         if self.eps <= 0.0:
@@ -155,10 +157,7 @@ class RecGRELA(SeqRecModel):
     def __init__(self, config: RecGRELAConfig):
         super().__init__(config)
         c = config
-        if c.causal:
-            self.objectives, self.default_objective = ("causal", "last", "bce"), "causal"
-        else:
-            self.objectives, self.default_objective = ("last",), "last"
+        self.narrow_objectives(c.causal, otherwise=("last",))
         self.items = nn.Embedding(c.num_items + 1, c.hidden_size, padding_idx=0)
         self.embedding_dropout = nn.Dropout(c.dropout)
         self.embedding_norm = nn.LayerNorm(c.hidden_size, eps=1e-12)

@@ -19,7 +19,14 @@ from dataclasses import dataclass
 
 import torch
 
-from models.base import ModelConfig, SeqRecModel, heads_divide_hidden, init_weights, probability_errors
+from models.base import (
+    ModelConfig,
+    SeqRecModel,
+    at_least_one_errors,
+    heads_divide_hidden,
+    init_weights,
+    probability_errors,
+)
 from models.blocks import ATTENTION_BACKENDS, ItemEmbedding, SoftmaxAttention, TransformerBlock, TransformerEncoder
 from models.registry import register
 
@@ -38,8 +45,7 @@ class SASRecConfig(ModelConfig):
     def constraint_errors(self) -> list[tuple[str, str]]:
         errors = super().constraint_errors() + heads_divide_hidden(self, self.num_heads)
         errors += probability_errors(self, "dropout", "attn_dropout")
-        if self.num_layers < 1:
-            errors.append(("num_layers", f"must be >= 1, got {self.num_layers}"))
+        errors += at_least_one_errors(self, "num_layers")
         if self.attention_backend not in ATTENTION_BACKENDS:
             errors.append(("attention_backend", f"must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}"))
         if self.activation not in ("gelu", "relu", "silu"):

@@ -35,7 +35,7 @@ import pandas as pd
 
 from study import pareto
 from study.cluster import add_address_argument
-from study.errors import UserError
+from study.errors import UserError, print_error
 from study.report import (
     REPLICATES_FILE,
     SEED_KEYS,
@@ -262,7 +262,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from models import ConfigError
-    from study.study_config import StudyConfigError
 
     args = build_parser().parse_args(argv)
     try:
@@ -272,13 +271,8 @@ def main(argv: list[str] | None = None) -> int:
         outcome = replicate(args.study, seeds=args.seeds, select=args.select, objectives=objectives,
                             select_metric=args.select_metric, first_seed=args.first_seed, dry_run=args.dry_run,
                             resume=args.resume, num_cpus=args.num_cpus, address=args.address, quiet=args.quiet)
-    except StudyConfigError as error:
-        for line in error.errors:
-            print(f"error: {line}", file=sys.stderr)
-        return 2
-    except (UserError, ConfigError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    except (UserError, ConfigError) as error:  # StudyConfigError too: one line per problem
+        return print_error(error)
     except KeyboardInterrupt:
         print(f"interrupted; continue with: python -m study.replicate {args.study} --resume", file=sys.stderr)
         return 130

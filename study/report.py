@@ -48,7 +48,7 @@ import pandas as pd
 import yaml
 
 from study import pareto, significance
-from study.errors import UserError
+from study.errors import UserError, print_error
 from study.storage import local_copy
 
 TRIALS_FILE = "trials.parquet"
@@ -1135,8 +1135,7 @@ def main(argv: list[str] | None = None) -> int:
                                 plots=not args.no_plots)
         outcome = build_report(args.studies, args.out, options)
     except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return print_error(error)
     out = outcome["out"]
     print(f"report: {out / 'report.md'}\n        {out / 'report.html'}")
     print(f"tables and plots: {out}")

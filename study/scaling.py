@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import yaml
 
-from study.errors import UserError
+from study.errors import UserError, print_error
 from study.storage import Mirror, resolve_storage
 
 if TYPE_CHECKING:
@@ -1544,7 +1544,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from models import ConfigError
-    from study.study_config import StudyConfigError
 
     args = build_parser().parse_args(argv)
     try:
@@ -1559,13 +1558,8 @@ def main(argv: list[str] | None = None) -> int:
         outcome = run_study(study, address=args.address, num_cpus=args.num_cpus,
                             progress=not args.no_progress and sys.stderr.isatty(), quiet=args.quiet,
                             overwrite=args.overwrite)
-    except StudyConfigError as error:
-        for line in error.errors:
-            print(f"error: {line}", file=sys.stderr)
-        return 2
-    except (UserError, ConfigError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    except (UserError, ConfigError) as error:  # StudyConfigError too: one line per problem
+        return print_error(error)
     except KeyboardInterrupt:
         print("interrupted; the cells measured so far are in cells.jsonl of the results folder", file=sys.stderr)
         return 130

@@ -31,7 +31,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-from study.errors import UserError
+from study.errors import UserError, print_error
 
 URI_PATTERN = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 # What pyarrow.fs.FileSystem.from_uri opens (gs and gcs name the same store).
@@ -265,8 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise UserError(f"{args.folder}: no such folder")
             print(f"{mirror.push(force=True)} file(s) from {args.folder} to {mirror.uri}")
     except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return print_error(error)
     return 0
 
 

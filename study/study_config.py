@@ -79,6 +79,9 @@ class StudyConfigError(UserError):
         self.errors = errors
         super().__init__("; ".join(errors))
 
+    def lines(self) -> list[str]:
+        return list(self.errors)
+
 
 @dataclass
 class SearchParam:

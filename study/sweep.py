@@ -16,8 +16,8 @@ import sys
 
 from models import ConfigError
 from study.cluster import add_address_argument
-from study.errors import UserError
-from study.study_config import SCHEMA_HELP, StudyConfigError, load_study
+from study.errors import UserError, print_error
+from study.study_config import SCHEMA_HELP, load_study
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,13 +67,8 @@ def main(argv: list[str] | None = None) -> int:
 
         outcome = run_study(study, resume=args.resume, dashboard=args.dashboard, address=args.address,
                             num_cpus=args.num_cpus, quiet=args.quiet)
-    except StudyConfigError as error:
-        for line in error.errors:
-            print(f"error: {line}", file=sys.stderr)
-        return 2
-    except (UserError, ConfigError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    except (UserError, ConfigError) as error:  # StudyConfigError too: one line per problem
+        return print_error(error)
     except KeyboardInterrupt:
         print(f"interrupted; continue with: python -m study.sweep {args.study} --resume", file=sys.stderr)
         return 130

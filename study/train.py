@@ -27,7 +27,7 @@ import models
 from models import ConfigError, SeqRecModel
 from study import efficiency
 from study.config import SELECTION_METRIC, TrainConfig, parse_assignments, split_settings
-from study.errors import UserError
+from study.errors import UserError, print_error
 from study.metrics import EvalSplit, evaluate, popularity_metrics, sample_negatives
 from study.objectives import expand_prefixes, objective_loss, resolve_objective
 from study.results import make_result, to_json_line
@@ -296,8 +296,7 @@ def main(argv: list[str] | None = None) -> int:
                        progress=not args.no_progress)
         result = run_trial(args.model, TrialData.from_prepared(path, max_len), settings, progress=not args.no_progress)
     except (UserError, ConfigError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return print_error(error)
     print(to_json_line(result))
     return 0
 
