@@ -31,16 +31,15 @@ resumes and a partial grid still prints.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
 import time
 from pathlib import Path
 
+from benchmarks.cells import append_row, load_rows
 from study.data import prepare
 from study.metrics import popularity_metrics
-from study.results import to_json_line
 from study.train import TrialData, run_trial
 
 # label → (model, hyperparameters); all d = 64
@@ -83,19 +82,6 @@ def cells(args: argparse.Namespace) -> list[tuple[str, str, str, int, dict]]:
 
 def cell_key(section: str, dataset: str, label: str, seed: int) -> str:
     return f"{section}/{dataset}/{label}/{seed}"
-
-
-def load_rows(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    with path.open() as lines:
-        return [json.loads(line) for line in lines if line.strip()]
-
-
-def append_row(path: Path, row: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as out:
-        out.write(to_json_line(row) + "\n")
 
 
 def run_cells(args: argparse.Namespace, out: Path) -> None:

@@ -29,16 +29,15 @@ The popularity baseline of each dataset is one more row.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
 import time
 from pathlib import Path
 
+from benchmarks.cells import append_row, load_rows
 from study.data import prepare
 from study.metrics import popularity_metrics
-from study.results import to_json_line
 from study.train import TrialData, run_trial
 
 VARIANTS: dict[str, tuple[str, dict]] = {
@@ -62,19 +61,6 @@ METRICS = ("hr@10", "ndcg@10", "mrr@10")
 
 def cell_key(variant: str, dataset: str, seed: int) -> str:
     return f"{variant}/{dataset}/{seed}"
-
-
-def load_rows(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    with path.open() as lines:
-        return [json.loads(line) for line in lines if line.strip()]
-
-
-def append_row(path: Path, row: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as out:
-        out.write(to_json_line(row) + "\n")
 
 
 def run_grid(args: argparse.Namespace, out: Path) -> None:
