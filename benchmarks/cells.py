@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from study.results import to_json_line
+from study.train.results import to_json_line
 
 
 def load_rows(path: Path) -> list[dict]:

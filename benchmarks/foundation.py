@@ -21,8 +21,8 @@ import torch
 
 import models
 from study.data import prepare
-from study.metrics import evaluate
-from study.train import TrialData, run_trial
+from study.train.metrics import evaluate
+from study.train.trainer import TrialData, run_trial
 
 RECBOLE_16_MIN_NDCG = 0.041
 

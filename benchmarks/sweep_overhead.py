@@ -3,7 +3,7 @@
     python -m benchmarks.sweep_overhead [--trials 8] [--epochs 5] [--source ../shared/datasets/s3rec/LastFM.txt]
 
 Runs a real study (SASRec, two 1-CPU trials at a time, no scheduler so every trial runs all its epochs) through
-:func:`study.tune_runner.run_study` on an embedded Ray with ``--num-cpus`` CPUs, then reads each trial's record:
+:func:`study.search.runner.run_study` on an embedded Ray with ``--num-cpus`` CPUs, then reads each trial's record:
 
 * **trial compute**: from the trainable's first line to its last report (``trial_compute_s``), i.e. data crop,
   model build, (optional) efficiency probe and every epoch; **epoch compute** counts the epochs only;
@@ -29,8 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from study.study_config import resolve  # noqa: E402
-from study.sweep_results import read_records  # noqa: E402
+from study.search.recorder import read_records  # noqa: E402
+from study.spec.sweep import resolve  # noqa: E402
 
 
 def _round(value: float) -> float:
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         "resources": {"cpu": 1, "max_concurrent": 2},
         "storage": str(work / "results"),
     })
-    from study.tune_runner import run_study
+    from study.search.runner import run_study
 
     started = time.time()
     outcome = run_study(study, num_cpus=args.num_cpus, quiet=True)

@@ -39,8 +39,8 @@ from pathlib import Path
 
 from benchmarks.cells import append_row, load_rows
 from study.data import prepare
-from study.metrics import popularity_metrics
-from study.train import TrialData, run_trial
+from study.train.metrics import popularity_metrics
+from study.train.trainer import TrialData, run_trial
 
 # label → (model, hyperparameters); all d = 64
 VARIANTS: dict[str, tuple[str, dict]] = {

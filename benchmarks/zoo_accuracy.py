@@ -37,8 +37,8 @@ from pathlib import Path
 
 from benchmarks.cells import append_row, load_rows
 from study.data import prepare
-from study.metrics import popularity_metrics
-from study.train import TrialData, run_trial
+from study.train.metrics import popularity_metrics
+from study.train.trainer import TrialData, run_trial
 
 VARIANTS: dict[str, tuple[str, dict]] = {
     "sasrec": ("sasrec", {}),

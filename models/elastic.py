@@ -46,7 +46,7 @@ Choices on the spec's gaps:
 10. **Expert-usage statistics** (Figure 4, Figure 5's dashed line): selections are counted only in eval
     mode, during the **first evaluation pass after a training step**; entering eval mode after training
     resets the counters, a second pass in the same epoch (the trainer's test pass) is not counted. In
-    ``study.train.run_trial`` this is exactly the validation split, one retrieval of k experts per user.
+    ``study.train.trainer.run_trial`` this is exactly the validation split, one retrieval of k experts per user.
     The counts live in a buffer, so the best-epoch checkpoint carries its own validation counts and the
     final ``extra_stats()`` describes the selected model. ``expert_usage_rate`` = fraction of the K
     experts selected at least once; ``expert_load_entropy`` = entropy (nats) of the selection shares,

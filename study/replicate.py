@@ -6,13 +6,13 @@
 Data flow:
 
 1. the study's sweep trials are grouped into configurations (settings without the seed, as in
-   :mod:`study.report`) and the configurations to replicate are selected on validation metrics: ``pareto``
+   :mod:`study.analysis.document`) and the configurations to replicate are selected on validation metrics: ``pareto``
    = the non-dominated set over ``--objectives``, ``top:N`` = the N best by ``--select-metric``;
 2. each gets the seeds ``first_seed … first_seed + seeds − 1``: the same numbers in every study, so the
    report can pair two models' runs seed by seed. A seed the configuration already ran with in the sweep
    is refused (it would not be a replicate), and a (configuration, seed) already replicated is skipped;
 3. the points (the source trial's searched values, with ``seed`` set) run through
-   :func:`study.tune_runner.run_study` with ``points=``: the sweep's trainable, its resources per trial and its
+   :func:`study.search.runner.run_study` with ``points=``: the sweep's trainable, its resources per trial and its
    recorder, FIFO and without the study's time budget, so every replicate trains its full epoch budget.
    Each invocation is a batch in ``results/<study>/replicates/<NNN>/`` (``plan.json``, ``trials/``,
    ``trials.parquet``, ``tune/``); ``--resume`` continues the last batch after an interruption;
@@ -33,10 +33,8 @@ from typing import Any
 
 import pandas as pd
 
-from study import pareto
-from study.cluster import add_address_argument
-from study.errors import UserError, print_error
-from study.report import (
+from study.analysis import pareto
+from study.analysis.document import (
     REPLICATES_FILE,
     SEED_KEYS,
     STUDY_FILE,
@@ -51,6 +49,8 @@ from study.report import (
     parse_config,
     selection_metric,
 )
+from study.cluster import add_address_argument
+from study.errors import UserError, print_error
 from study.storage import Mirror, local_copy
 
 REPLICATES_DIR = "replicates"
@@ -140,7 +140,7 @@ def _batches(path: Path) -> list[Path]:
 
 def merge_batch(path: Path, batch: Path, plan: list[dict[str, Any]]) -> pd.DataFrame:
     """Link a batch's trial rows to their source trials and rewrite ``replicates.parquet`` with them."""
-    from study.sweep_results import atomic_write
+    from study.search.recorder import atomic_write
 
     rows = pd.read_parquet(batch / "trials.parquet") if (batch / "trials.parquet").is_file() else pd.DataFrame()
     by_key = {(entry["config_id"], int(entry["seed"])): entry for entry in plan}
@@ -168,7 +168,7 @@ def replicate(path: str | Path, *, seeds: int, select: str, objectives: dict[str
               select_metric: str | None = None, first_seed: int = 1, dry_run: bool = False, resume: bool = False,
               num_cpus: int | None = None, address: str = "local", quiet: bool = False) -> dict[str, Any]:
     """Select, plan and run replicates of the study in ``path``; returns the plan, the batch folder and the rows."""
-    from study.study_config import load_study
+    from study.spec.sweep import load_study
 
     path = local_copy(path)
     objectives = objectives or dict(pareto.DEFAULT_OBJECTIVES)
@@ -197,7 +197,7 @@ def replicate(path: str | Path, *, seeds: int, select: str, objectives: dict[str
         (batch / PLAN_FILE).write_text(json.dumps({"created": created, "select": select, "objectives": objectives,
                                                    "seeds": seeds, "first_seed": first_seed, "points": plan},
                                                   indent=1) + "\n")
-    from study.tune_runner import run_study  # imports Ray: only once there is something to run
+    from study.search.runner import run_study  # imports Ray: only once there is something to run
 
     outcome = run_study(study, resume=resume, address=address, num_cpus=num_cpus, quiet=quiet,
                         points=[entry["config"] for entry in plan], storage=batch)

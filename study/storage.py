@@ -122,7 +122,7 @@ class Mirror:
     def __init__(self, local: str | Path, uri: str | None = None, *, interval_s: float = PUSH_INTERVAL_S):
         self.local, self.uri, self.interval_s = Path(local), uri and check_uri(uri), interval_s
         self._sent: dict[str, tuple[int, int]] = {}
-        self._last_push = 0.0
+        self._last_push: float | None = None  # None: never pushed (monotonic time starts near 0 at boot)
         self._fs: Any = None
         self._root = ""
 
@@ -164,7 +164,7 @@ class Mirror:
         if not self.uri or not self.local.is_dir():
             return 0
         now = time.monotonic()
-        if not force and now - self._last_push < self.interval_s:
+        if not force and self._last_push is not None and now - self._last_push < self.interval_s:
             return 0
         fs, root = self._open()
         sent = 0

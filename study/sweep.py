@@ -2,10 +2,10 @@
 
     python -m study.sweep search_spaces/sasrec.yaml [--set budget.num_samples=2 ...] [--dry-run] [--resume]
 
-Flow: the YAML is read and validated completely before Ray starts (:mod:`study.study_config`; every problem is
+Flow: the YAML is read and validated completely before Ray starts (:mod:`study.spec.sweep`; every problem is
 reported at once, exit code 2); ``--dry-run`` stops there and prints the resolved study. Otherwise the dataset
-is prepared, Ray starts, and :func:`study.tune_runner.run_study` runs the trials and writes ``results/<study>/``
-(:mod:`study.sweep_results`); a short summary ends the run.
+is prepared, Ray starts, and :func:`study.search.runner.run_study` runs the trials and writes ``results/<study>/``
+(:mod:`study.search.recorder`); a short summary ends the run.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 from models import ConfigError
 from study.cluster import add_address_argument
 from study.errors import UserError, print_error
-from study.study_config import SCHEMA_HELP, load_study
+from study.spec.sweep import SCHEMA_HELP, load_study
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         # Tune's classic console table shows only the searched keys and objectives (see _progress_reporter);
         # set before Ray is imported
         os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-        from study.tune_runner import run_study  # imports Ray: only once the study is known to be valid
+        from study.search.runner import run_study  # imports Ray: only once the study is known to be valid
 
         outcome = run_study(study, resume=args.resume, dashboard=args.dashboard, address=args.address,
                             num_cpus=args.num_cpus, quiet=args.quiet)

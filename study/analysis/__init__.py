@@ -1,0 +1,1 @@
+"""Reading results folders, Pareto fronts, significance tests, tables, figures and the report document."""

@@ -1,0 +1,1 @@
+"""Scalability study: memory and latency against sequence length, one isolated Ray task per cell."""

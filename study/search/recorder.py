@@ -1,0 +1,245 @@
+"""A sweep's outputs in ``results/<study>/``: one durable record per finished trial, and the tables built from them.
+
+* ``trials/<trial_id>.json``: written by the driver the moment a trial ends (ok, stopped or failed). These records
+  are the source of truth: a study killed with SIGKILL keeps every trial that finished, and a resumed trial whose
+  record exists is replayed instead of retrained.
+* ``trials.parquet`` + ``trials.csv``: one row per trial (schema of :mod:`study.train.results` plus the sweep's columns:
+  ``trial_id``, ``stop_reason``, ``step_time_ms``, ``config.<key>`` for every setting, ``optuna_number``).
+* ``history.parquet``: one row per trial and epoch.
+
+Every file is written to a temporary name in the same folder, then ``os.replace``d into place, so a reader (or a
+crash) never sees half a file.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from study.analysis import pareto
+from study.train.config import TrainConfig, split_settings
+from study.train.results import protocol_of
+
+EPOCH_KEYS = ("epoch", "train_loss", "best_epoch", "epoch_time_s", "throughput", "wall_time_s")
+STATUS_OK, STATUS_FAILED = "ok", "failed"
+
+
+def atomic_write(path: Path, write: Callable[[io.BufferedWriter], None]) -> None:
+    """Write through ``write(file)`` into a temporary sibling, fsync, then rename over ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            write(out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda out: out.write(text.encode()))
+
+
+def clean(value: Any) -> Any:
+    """JSON-safe: NaN/inf → None, numpy scalars → Python."""
+    if isinstance(value, dict):
+        return {str(k): clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def is_epoch_key(key: str) -> bool:
+    return key in EPOCH_KEYS or key.startswith(("valid_", "best_valid_", "test_"))
+
+
+def history_row(result: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in result.items() if is_epoch_key(k)}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Records
+
+
+def record_path(records_dir: Path, trial_id: str) -> Path:
+    return Path(records_dir) / f"{trial_id}.json"
+
+
+def read_record(records_dir: str | Path, trial_id: str) -> dict[str, Any] | None:
+    path = record_path(Path(records_dir), trial_id)
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def write_record(records_dir: Path, record: dict[str, Any]) -> None:
+    atomic_write_text(record_path(records_dir, record["trial_id"]), json.dumps(clean(record), indent=1) + "\n")
+
+
+def read_records(records_dir: Path) -> dict[str, dict[str, Any]]:
+    records = {}
+    if records_dir.is_dir():
+        for path in sorted(records_dir.glob("*.json")):
+            try:
+                record = json.loads(path.read_text())
+            except (OSError, json.JSONDecodeError):
+                continue  # only complete files exist under their final name; anything else is not ours
+            records[record["trial_id"]] = record
+    return records
+
+
+def stop_reason(status: str, last: dict[str, Any], settings: dict[str, Any], *, scheduler_stop: bool,
+                study_budget_over: bool) -> str:
+    """Why a trial ended: error, max_epochs, patience, stopped (by ASHA), study_time_budget or trial_time_budget.
+
+    ``scheduler_stop`` is Tune's ``done`` flag on the last result, which Tune sets when the scheduler stops a
+    trial (a trial that returns on its own ends with an unflagged last result).
+    """
+    if status == STATUS_FAILED:
+        return "error"
+    epoch, best_epoch = int(last.get("epoch", 0)), int(last.get("best_epoch", 0))
+    max_epochs = int(settings.get("max_epochs", TrainConfig.max_epochs))
+    patience = int(settings.get("patience", TrainConfig.patience))
+    if last and epoch >= max_epochs:
+        return "max_epochs"
+    if last and patience and epoch - best_epoch >= patience:
+        return "patience"
+    if scheduler_stop:
+        return "stopped"
+    if study_budget_over:
+        return "study_time_budget"
+    if last and float(settings.get("time_budget_s", 0) or 0) > 0:
+        return "trial_time_budget"
+    return "stopped"
+
+
+def build_row(context: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
+    """One trials.parquet row from a record: the :mod:`study.train.results` schema, built from the last epoch report.
+
+    The last report carries the best-validation metrics (``best_valid_*``), the test metrics of that epoch, and
+    the efficiency figures, so trials stopped early by ASHA get the same columns as trials that ran to the end.
+    """
+    last = record.get("last_report") or {}
+    settings = {**context["base_settings"], **record.get("config", {})}
+    try:
+        train_cfg, hparams = split_settings(context["model"], settings)
+        config = {**context["model_defaults"], **hparams, **train_cfg.__dict__}
+    except Exception:  # a trial can fail on its config; its row still records what was asked for
+        train_cfg, config = TrainConfig(), dict(settings)
+    objective = last.get("objective") or train_cfg.objective
+    meta = context["dataset_meta"]
+    row: dict[str, Any] = {
+        "trial_id": record["trial_id"],
+        "study": context["study"],
+        "model": context["model"],
+        "dataset": meta.get("name"),
+        "dataset_hash": meta.get("content_hash"),
+        "synthetic": bool(meta.get("synthetic", False)),
+        **protocol_of(train_cfg, objective),
+    }
+    for key, value in last.items():
+        if key.startswith("best_valid_"):
+            row["valid_" + key[len("best_valid_"):]] = value
+    for key, value in last.items():
+        if key.startswith("test_"):
+            row[key] = value
+    row.update({
+        "best_epoch": last.get("best_epoch"),
+        "epochs_run": last.get("epoch", 0),
+        "pop_ndcg@10": last.get("pop_ndcg@10"),
+        "params": last.get("params"),
+        "peak_mem_mb": last.get("peak_mem_mb"),
+        "peak_mem_method": last.get("peak_mem_method"),
+        "epoch_time_s": last.get("median_epoch_time_s"),
+        "train_throughput": last.get("train_throughput"),
+        "step_time_ms": last.get("step_time_ms"),
+        "infer_ms_p50": last.get("infer_ms_p50"),
+        "infer_ms_p95": last.get("infer_ms_p95"),
+        "device": last.get("device"),
+        "gpu": str(last.get("device") or "").startswith("cuda"),
+        "kernel_path": last.get("kernel_path"),
+        "node_id": last.get("trial_node_id"),  # the Ray node the trial ran on (None for a trial that never reported)
+        "node_ip": last.get("trial_node_ip"),
+        "seed": train_cfg.seed,
+        "wall_time_s": last.get("trial_compute_s"),
+        "status": record["status"],
+        "error": record.get("error", ""),
+        "stop_reason": record.get("stop_reason"),
+        "extra": last.get("extra_json", "{}"),
+        "config": json.dumps(clean(config), sort_keys=True),
+    })
+    row.update({f"config.{key}": value for key, value in sorted(config.items())})
+    row["optuna_number"] = record.get("optuna_number")
+    return clean(row)
+
+
+def table_paths(out_dir: Path) -> dict[str, Path]:
+    return {"trials": out_dir / "trials.parquet", "trials_csv": out_dir / "trials.csv",
+            "history": out_dir / "history.parquet"}
+
+
+def write_tables(out_dir: Path, context: dict[str, Any], records: dict[str, dict[str, Any]]) -> dict[str, Path]:
+    """(Re)write trials.parquet, trials.csv and history.parquet from every record, atomically."""
+    ordered = sorted(records.values(), key=lambda r: (r.get("started_at") or 0, r["trial_id"]))
+    trials = pd.DataFrame([build_row(context, record) for record in ordered])
+    history = pd.DataFrame([{"trial_id": record["trial_id"], **row}
+                            for record in ordered for row in record.get("history", [])])
+    if history.empty:
+        history = pd.DataFrame({"trial_id": pd.Series(dtype=str), "epoch": pd.Series(dtype="int64")})
+    paths = table_paths(out_dir)
+    atomic_write(paths["trials"], lambda out: trials.to_parquet(out, index=False))
+    atomic_write(paths["trials_csv"], lambda out: out.write(trials.to_csv(index=False).encode()))
+    atomic_write(paths["history"], lambda out: history.to_parquet(out, index=False))
+    return paths
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The summary printed at the end
+
+
+def summary(trials: pd.DataFrame, objectives: dict[str, str], searched: list[str], paths: dict[str, Path],
+            top: int = 5) -> str:
+    """A few lines: trial counts, the best trials (or the Pareto front), and where the files are."""
+    lines = []
+    counts = trials["status"].value_counts().to_dict() if not trials.empty else {}
+    early = trials["stop_reason"].isin(["stopped", "study_time_budget"]).sum() if not trials.empty else 0
+    lines.append(f"{len(trials)} trials: {counts.get(STATUS_OK, 0)} ok ({early} stopped early by ASHA or the study's "
+                 f"time budget), {counts.get(STATUS_FAILED, 0)} failed")
+    metrics = list(objectives)
+    ok = trials[trials["status"] == STATUS_OK].dropna(subset=[m for m in metrics if m in trials]) \
+        if not trials.empty else trials
+    if not ok.empty and all(m in ok for m in metrics):
+        if len(metrics) == 1:
+            metric = metrics[0]
+            best = ok.sort_values(metric, ascending=objectives[metric] == "min").head(top)
+            lines.append(f"best by {metric} ({objectives[metric]}):")
+        else:
+            best = pareto.pareto_front(ok, objectives)  # sorted best-first by the first objective
+            lines.append(f"Pareto front over {', '.join(f'{m} ({d})' for m, d in objectives.items())}:")
+        shown = ["trial_id", *metrics, "test_ndcg@10", "epochs_run", *[f"config.{k}" for k in searched]]
+        table = best[[c for c in dict.fromkeys(shown) if c in best]].rename(
+            columns=lambda c: c.removeprefix("config."))
+        lines.append(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        lines.append("(test_ metrics are those of each trial's best-validation epoch; never used for selection)")
+    failed = trials[trials["status"] == STATUS_FAILED] if not trials.empty else trials
+    for _, row in failed.head(top).iterrows():
+        lines.append(f"failed {row['trial_id']}: {str(row['error'])[:200]}")
+    lines.append("files:")
+    lines += [f"  {path}" for path in paths.values()]
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""Study files: YAML reading with line numbers, ``--set`` overrides, typed sections, sweep and scaling studies."""

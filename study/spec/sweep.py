@@ -1,0 +1,851 @@
+"""The sweep YAML: schema, ``--set`` overrides, and validation before Ray starts.
+
+Data flow: :func:`load_study` reads the YAML (keeping each key's line number), applies ``--set`` overrides,
+then :func:`resolve` checks every section and returns a :class:`Study`, or raises :class:`StudyConfigError`
+listing every problem at once, each naming its key (``file:line: section.key: message``).
+
+The schema is documented in ``docs/sweep.md`` (pasted into the README) and summarised in ``SCHEMA_HELP``,
+which ``python -m study.sweep --help`` prints. Hyperparameter names in ``protocol``, ``fixed`` and ``search``
+are exactly the keys of :class:`study.train.config.TrainConfig` and of the model's config, so ``--set`` on
+``python -m study.train`` and the YAML agree; :func:`study.train.config.split_settings` and
+``models.make_config`` decide what is valid, so the sweep never duplicates a model's constraints.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+import models
+from models import ConfigError
+from study.errors import UserError
+from study.storage import resolve_storage
+from study.train.config import METRIC_KS, TRAIN_FIELDS, TrainConfig, coerce, field_type, split_settings
+from study.train.metrics import METRIC_NAMES
+
+SECTIONS = ("name", "model", "dataset", "protocol", "fixed", "search", "objectives", "budget", "scheduler",
+            "resources", "sampler", "seeds", "storage")
+REQUIRED = ("name", "model")
+# The evaluation protocol is fixed for a whole study: metrics measured under different protocols are not comparable.
+PROTOCOL_KEYS = ("objective", "eval_mode", "num_negatives", "negative_sampler", "mask_history")
+# How a trial runs, not what it learns: set by the sweep from the resources, never searched.
+EXECUTION_KEYS = ("device", "num_threads", "eval_batch_size", "measure_efficiency")
+DISTRIBUTIONS = ("choice", "grid", "int", "uniform", "loguniform")
+SAMPLERS = ("auto", "tpe", "nsga2", "random", "grid")
+# Efficiency figures a trial measures once before its first epoch and reports with every epoch (see tune_runner).
+EFFICIENCY_OBJECTIVES = ("params", "peak_mem_mb", "infer_ms_p50", "infer_ms_p95", "train_throughput", "epoch_time_s")
+MEASURED_OBJECTIVES = ("peak_mem_mb", "infer_ms_p50", "infer_ms_p95")  # need measure_efficiency
+VALID_METRICS = tuple(f"valid_{name}@{k}" for name in METRIC_NAMES for k in METRIC_KS)
+MAX_CHECKED_POINTS = 4096  # beyond this many search combinations, check one key at a time
+MAX_BUILT_MODELS = 32  # models built to check the training objective, after de-duplicating their configs
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+# Settings that one study may give in two places; a --set of either wins over the file.
+ALIASES = {("budget", "max_epochs"): ("fixed", "max_epochs"), ("seeds", "train"): ("fixed", "seed")}
+
+SCHEMA_HELP = """\
+study YAML (docs/sweep.md has the full reference):
+  name: my-study                    # results go to results/<name>/ unless storage: is set
+  model: sasrec                     # a registered model
+  dataset: {name: ml-100k, source: null, kcore: null, options: {}}   # a data recipe
+  protocol: {objective: auto, eval_mode: full}                       # fixed for the whole study
+  fixed: {max_len: 50, batch_size: 128}                              # trainer/model keys
+  search:                           # one distribution per key
+    lr: {loguniform: [1.0e-4, 1.0e-2]}
+    hidden_size: {choice: [32, 64]}
+    num_layers: {int: [1, 3]}       # inclusive; optional step:, log:
+    dropout: {uniform: [0.1, 0.5]}
+    num_heads: {grid: [1, 2]}       # grid: every value, exhaustively (no other distribution then)
+  objectives: {valid_ndcg@10: max, peak_mem_mb: min}
+  budget: {num_samples: 6, max_epochs: 8, time_budget_s: 0}          # time budget of the whole study
+  scheduler: {type: asha, metric: valid_ndcg@10, mode: max, grace_period: 2, reduction_factor: 2}
+  resources: {cpu: 1, gpu: 0, workers_per_trial: 1, max_concurrent: auto}
+  sampler: auto                     # auto | tpe | nsga2 | random | grid
+  seeds: {sampler: 0, train: 0}
+  storage: null                     # default results/<name>/; a URI (s3://bucket/prefix, gs://…) is mirrored
+override any field with --set section.key=value (dotted; values are YAML: --set search.lr={choice: [0.001]})"""
+
+
+class StudyConfigError(UserError):
+    """Every problem of a study file; ``errors`` holds one ``"where: message"`` string per problem."""
+
+    def __init__(self, errors: list[str]):
+        self.errors = errors
+        super().__init__("; ".join(errors))
+
+    def lines(self) -> list[str]:
+        return list(self.errors)
+
+
+@dataclass
+class SearchParam:
+    """One searched key: ``kind`` is a distribution; ``values`` for choice/grid, else ``low``/``high``."""
+
+    name: str
+    kind: str
+    values: list[Any] = field(default_factory=list)
+    low: float | int | None = None
+    high: float | int | None = None
+    step: float | int | None = None
+    log: bool = False
+
+    def candidates(self) -> list[Any]:
+        """The values validation tries: every choice, or a range's two ends."""
+        if self.kind in ("choice", "grid"):
+            return list(self.values)
+        return [self.low] if self.low == self.high else [self.low, self.high]
+
+    def to_yaml(self) -> dict[str, Any]:
+        if self.kind in ("choice", "grid"):
+            return {self.kind: list(self.values)}
+        spec: dict[str, Any] = {self.kind: [self.low, self.high]}
+        if self.step is not None:
+            spec["step"] = self.step
+        if self.log and self.kind == "int":
+            spec["log"] = True
+        return spec
+
+
+@dataclass
+class Study:
+    """A validated study. ``settings(point)`` gives the flat trial settings for one searched point."""
+
+    name: str
+    model: str
+    dataset: dict[str, Any]
+    protocol: dict[str, Any]
+    fixed: dict[str, Any]
+    search: dict[str, SearchParam]
+    objectives: dict[str, str]
+    budget: dict[str, Any]
+    scheduler: dict[str, Any] | None
+    resources: dict[str, Any]
+    sampler: str
+    seeds: dict[str, int]
+    storage: Path  # the local folder every writer uses
+    storage_uri: str | None = None  # where that folder is mirrored (s3://…), if anywhere: see study.storage
+    source: Path | None = None
+    checked_points: int = 0
+    exhaustive_check: bool = True
+
+    def settings(self, point: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Protocol + fixed keys + the budget's epochs + the training seed, then the searched point."""
+        base = {**self.protocol, **self.fixed, "max_epochs": self.budget["max_epochs"]}
+        if "seed" not in self.search:
+            base["seed"] = self.seeds["train"]
+        return {**base, **(point or {})}
+
+    @property
+    def is_grid(self) -> bool:
+        return any(p.kind == "grid" for p in self.search.values())
+
+    @property
+    def grid_size(self) -> int:
+        return math.prod(len(p.values) for p in self.search.values()) if self.is_grid else 0
+
+    @property
+    def resolved_sampler(self) -> str:
+        if self.sampler != "auto":
+            return self.sampler
+        return "grid" if self.is_grid else "tpe"
+
+    def max_len_candidates(self) -> list[int]:
+        """Every input length a trial may use; the dataset is prepared once for the longest."""
+        if "max_len" in self.search:
+            param = self.search["max_len"]
+            return [int(v) for v in param.candidates()]
+        default = models.model_class(self.model).config_class.max_len
+        return [int(self.fixed.get("max_len", default))]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved study as plain YAML data (defaults filled in, overrides applied)."""
+        return {
+            "name": self.name,
+            "model": self.model,
+            "dataset": dict(self.dataset),
+            "protocol": dict(self.protocol),
+            "fixed": dict(self.fixed),
+            "search": {name: p.to_yaml() for name, p in self.search.items()},
+            "objectives": dict(self.objectives),
+            "budget": dict(self.budget),
+            "scheduler": dict(self.scheduler) if self.scheduler else None,
+            "resources": dict(self.resources),
+            "sampler": self.sampler,
+            "seeds": dict(self.seeds),
+            "storage": self.storage_uri or str(self.storage),
+        }
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None, width=120)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reading: YAML with line numbers, then --set overrides
+
+
+def _line_map(node: yaml.Node, path: tuple = (), lines: dict | None = None,
+              duplicates: list | None = None) -> tuple[dict[tuple, int], list[tuple[tuple, int]]]:
+    """Line number (1-based) of every mapping key and list item, and the keys given twice.
+
+    PyYAML silently keeps the last of two equal keys; a study file that says ``lr`` twice is a mistake.
+    """
+    lines = {} if lines is None else lines
+    duplicates = [] if duplicates is None else duplicates
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            child = path + (str(key_node.value),)
+            if child in lines:
+                duplicates.append((child, key_node.start_mark.line + 1))
+            lines[child] = key_node.start_mark.line + 1
+            _line_map(value_node, child, lines, duplicates)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            child = path + (index,)
+            lines[child] = item.start_mark.line + 1
+            _line_map(item, child, lines, duplicates)
+    return lines, duplicates
+
+
+def read_yaml(path: Path) -> tuple[dict[str, Any], dict[tuple, int]]:
+    """Parse ``path``; a syntax error names the line and column, and duplicate keys are errors."""
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise UserError(f"{path}: cannot read the study file ({error.strerror or error})") from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        context = getattr(error, "context", None)
+        raise StudyConfigError([f"{where}: malformed YAML: {problem}" + (f" ({context})" if context else "")]) from None
+    if data is None:
+        raise StudyConfigError([f"{path}: the study file is empty"])
+    if not isinstance(data, dict):
+        raise StudyConfigError([f"{path}:1: the study file must be a mapping of sections, got {type(data).__name__}"])
+    lines, duplicates = _line_map(node)
+    if duplicates:
+        raise StudyConfigError([f"{path}:{line}: {'.'.join(map(str, key))}: given twice" for key, line in duplicates])
+    return data, lines
+
+
+def apply_overrides(data: dict[str, Any], assignments: list[str]) -> set[tuple[str, ...]]:
+    """Apply ``--set a.b.c=value`` in place (values parsed as YAML); returns the overridden paths."""
+    overridden = set()
+    errors = []
+    for assignment in assignments:
+        dotted, sep, text = assignment.partition("=")
+        path = tuple(part.strip() for part in dotted.split("."))
+        if not sep or not all(path):
+            errors.append(f"--set {assignment}: expected section.key=value, e.g. budget.num_samples=2")
+            continue
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError as error:
+            errors.append(f"--set {assignment}: the value is not valid YAML ({str(error).splitlines()[0]})")
+            continue
+        target = data
+        for depth, part in enumerate(path[:-1]):
+            if target.get(part) is None:
+                target[part] = {}
+            if not isinstance(target[part], dict):
+                errors.append(f"--set {assignment}: {'.'.join(path[:depth + 1])} is not a section")
+                break
+            target = target[part]
+        else:
+            target[path[-1]] = value
+            overridden.add(path)
+    if errors:
+        raise StudyConfigError(errors)
+    return overridden
+
+
+def load_study(path: str | Path, assignments: list[str] | None = None, *, check_machine: bool = True) -> Study:
+    """Read, override and validate a study file; raises :class:`StudyConfigError` listing every problem."""
+    path = Path(path)
+    data, lines = read_yaml(path)
+    overridden = apply_overrides(data, assignments or [])
+    return resolve(data, source=path, lines=lines, overridden=overridden, check_machine=check_machine)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Validation
+
+
+class ConfigErrors:
+    """Collects ``where: message`` lines; ``where`` is ``file:line: dotted.key`` or ``--set dotted.key``."""
+
+    def __init__(self, source: Path | None, lines: dict[tuple, int], overridden: set[tuple]):
+        self.source, self.lines, self.overridden, self.items = source, lines, overridden, []
+        self.alias: dict[tuple, tuple] = {}
+
+    def where(self, *path: Any) -> str:
+        path = self.alias.get(tuple(path[:2]), tuple(path[:2])) + tuple(path[2:])
+        dotted = ""
+        for part in path:  # models[1].config.hidden_size: list positions as indices
+            dotted += f"[{part}]" if isinstance(part, int) else (f".{part}" if dotted else str(part))
+        for depth in range(len(path), 0, -1):
+            if tuple(path[:depth]) in self.overridden:
+                return f"--set {dotted}"
+        name = str(self.source) if self.source else "<study>"
+        for depth in range(len(path), 0, -1):
+            line = self.lines.get(tuple(path[:depth]))
+            if line is not None:
+                return f"{name}:{line}: {dotted}"
+        return f"{name}: {dotted}"
+
+    def add(self, path: tuple, message: str) -> None:
+        entry = f"{self.where(*path)}: {message}"
+        if entry not in self.items:
+            self.items.append(entry)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _number(value: Any) -> float | int | None:
+    """A YAML number, also from strings: PyYAML reads ``1e-3`` (no dot) as a string."""
+    if _is_number(value):
+        return value
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            return None
+        return int(number) if re.fullmatch(r"[+-]?\d+", value.strip()) else number
+    return None
+
+
+def _section(data: dict, name: str, errors: ConfigErrors, default: dict | None = None) -> dict:
+    value = data.get(name)
+    if value is None:
+        return dict(default or {})
+    if not isinstance(value, dict):
+        errors.add((name,), f"must be a mapping, got {type(value).__name__} {value!r}")
+        return dict(default or {})
+    return dict(value)
+
+
+def _check_keys(section: dict, name: str, allowed: dict[str, Any] | tuple, errors: ConfigErrors) -> None:
+    for key in section:
+        if key not in allowed:
+            errors.add((name, key), f"unknown key; {name} takes {', '.join(allowed)}")
+
+
+def _typed(section: dict, name: str, key: str, kind: type | tuple, errors: ConfigErrors, default: Any) -> Any:
+    """Read ``section[key]`` as ``kind`` (numbers may come as strings), or report and return the default."""
+    if key not in section or section[key] is None:
+        return default
+    value = section[key]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if bool in kinds and isinstance(value, bool):
+        return value
+    if (int in kinds or float in kinds) and not isinstance(value, bool):
+        number = _number(value)
+        if number is not None:
+            if int in kinds and float not in kinds:
+                if float(number).is_integer():
+                    return int(number)
+            else:
+                return float(number) if float in kinds and int not in kinds else number
+    if str in kinds and isinstance(value, str):
+        return value
+    names = " or ".join(k.__name__ for k in kinds)
+    errors.add((name, key), f"expected {names}, got {type(value).__name__} {value!r}")
+    return default
+
+
+def _key_type(model: str, key: str) -> type:
+    if key in TRAIN_FIELDS:
+        return field_type(TRAIN_FIELDS[key], TrainConfig)
+    fields = models.config_fields(model)
+    return field_type(fields[key], models.model_class(model).config_class)
+
+
+def _known_keys(model: str) -> set[str]:
+    return (set(TRAIN_FIELDS) | set(models.config_fields(model))) - {"num_items"}
+
+
+def resolve_dataset(data: dict, errors: ConfigErrors, source: Path | None) -> dict[str, Any]:
+    """The ``dataset:`` section of a study file (sweep or scaling): recipe, source, k-core and recipe options."""
+    from study.data import get_recipe
+
+    if isinstance(data.get("dataset"), str):  # `dataset: lastfm` is a natural shorthand
+        section = {"name": data["dataset"]}
+    else:
+        section = _section(data, "dataset", errors, {"name": "ml-100k"})
+    allowed = ("name", "source", "kcore", "options")
+    _check_keys(section, "dataset", allowed, errors)
+    name = _typed(section, "dataset", "name", str, errors, "ml-100k")
+    kcore = _typed(section, "dataset", "kcore", int, errors, None)
+    options = section.get("options") or {}
+    if not isinstance(options, dict):
+        errors.add(("dataset", "options"), f"must be a mapping of recipe options, got {options!r}")
+        options = {}
+    raw_source = section.get("source")
+    dataset_source = None
+    if raw_source is not None:
+        if not isinstance(raw_source, str):
+            errors.add(("dataset", "source"), f"expected a path, got {type(raw_source).__name__} {raw_source!r}")
+        else:
+            candidate = Path(raw_source).expanduser()
+            # a relative source is read relative to the working directory first, then to the study file
+            if not candidate.is_absolute() and not candidate.exists() and source is not None:
+                beside = source.parent / candidate
+                candidate = beside if beside.exists() else candidate
+            if not candidate.exists():
+                errors.add(("dataset", "source"), f"{raw_source} does not exist")
+            dataset_source = str(candidate.resolve()) if candidate.exists() else raw_source
+    if kcore is not None and kcore < 0:
+        errors.add(("dataset", "kcore"), f"must be >= 0, got {kcore}")
+    try:
+        recipe = get_recipe(name)
+    except UserError as error:
+        errors.add(("dataset", "name"), str(error))
+        recipe = None
+    if recipe is not None:
+        try:
+            recipe.resolve_options(dict(options))
+        except UserError as error:
+            errors.add(("dataset", "options"), str(error))
+        if recipe.synthetic and raw_source is not None:
+            errors.add(("dataset", "source"), f"dataset '{name}' is generated and takes no source")
+        if not recipe.synthetic and recipe.download is None and raw_source is None:
+            errors.add(("dataset", "source"), f"dataset '{name}' cannot be downloaded; give a local copy "
+                                              f"(--set dataset.source=PATH): {recipe.source_format}")
+    return {"name": name, "source": dataset_source, "kcore": kcore, "options": dict(options)}
+
+
+def _resolve_param(model: str, key: str, spec: Any, errors: ConfigErrors) -> SearchParam | None:
+    path = ("search", key)
+    if not isinstance(spec, dict):
+        errors.add(path, f"expected a distribution such as {{choice: [..]}}, got {spec!r}; "
+                         f"one of: {', '.join(DISTRIBUTIONS)} (a fixed value goes under fixed:)")
+        return None
+    kinds = [k for k in spec if k in DISTRIBUTIONS]
+    extra = [k for k in spec if k not in DISTRIBUTIONS + ("step", "log")]
+    if len(kinds) != 1 or extra:
+        errors.add(path, f"needs exactly one of {', '.join(DISTRIBUTIONS)} (plus optional step/log), "
+                         f"got {', '.join(map(str, spec)) or 'nothing'}")
+        return None
+    kind = kinds[0]
+    body = spec[kind]
+    target = _key_type(model, key)
+    if kind in ("choice", "grid"):
+        if not isinstance(body, list) or not body:
+            errors.add(path + (kind,), f"expected a non-empty list of values, got {body!r}")
+            return None
+        if "step" in spec or "log" in spec:
+            errors.add(path, f"step/log apply to int/uniform ranges, not {kind}")
+        values = []
+        for index, value in enumerate(body):
+            try:
+                values.append(coerce(key, value, target))
+            except ConfigError as error:
+                errors.add(path + (kind, index), error.errors[0][1])
+        if len(set(map(repr, values))) != len(values):
+            errors.add(path + (kind,), f"repeats a value: {body!r}")
+        return SearchParam(key, kind, values=values)
+    if not isinstance(body, list) or len(body) != 2 or any(_number(v) is None for v in body):
+        errors.add(path + (kind,), f"expected [low, high] numbers, got {body!r}")
+        return None
+    low, high = (_number(v) for v in body)
+    step = _number(spec["step"]) if "step" in spec else None
+    log = spec.get("log", False)
+    if "step" in spec and (step is None or step <= 0):
+        errors.add(path + ("step",), f"must be a positive number, got {spec['step']!r}")
+        step = None
+    if not isinstance(log, bool):
+        errors.add(path + ("log",), f"expected true or false, got {log!r}")
+        log = False
+    if kind == "int":
+        if target is not int:
+            errors.add(path, f"int needs an integer key; {key} is {target.__name__} (use uniform or loguniform)")
+            return None
+        if not all(float(v).is_integer() for v in (low, high)) or (step is not None and not float(step).is_integer()):
+            errors.add(path + (kind,), f"int bounds and step must be integers, got {body!r}")
+            return None
+        low, high = int(low), int(high)
+        step = int(step) if step is not None else None
+        if low > high:
+            errors.add(path + (kind,), f"low {low} exceeds high {high}")
+        if log and (low < 1 or (step or 1) != 1):
+            errors.add(path + ("log",), "a log-scale int range needs low >= 1 and no step")
+        return SearchParam(key, kind, low=low, high=high, step=step, log=log)
+    if target is not float:
+        errors.add(path, f"{kind} samples floats; {key} is {target.__name__} (use int or choice)")
+        return None
+    if "log" in spec:
+        errors.add(path + ("log",), f"log applies to int ranges; use loguniform instead of {kind} + log")
+    low, high = float(low), float(high)
+    if low >= high:
+        errors.add(path + (kind,), f"low {low} must be below high {high}")
+    if kind == "loguniform":
+        if low <= 0:
+            errors.add(path + (kind,), f"loguniform needs low > 0, got {low}")
+        if step is not None:
+            errors.add(path + ("step",), "loguniform takes no step")
+    return SearchParam(key, kind, low=low, high=high, step=float(step) if step is not None else None)
+
+
+def _resolve_objectives(data: dict, errors: ConfigErrors) -> dict[str, str]:
+    section = data.get("objectives")
+    if section is None:
+        return {"valid_ndcg@10": "max"}
+    if isinstance(section, list):  # [{valid_ndcg@10: max}, {peak_mem_mb: min}] reads naturally too
+        merged = {}
+        for item in section:
+            if isinstance(item, dict):
+                merged.update(item)
+            else:
+                errors.add(("objectives",), f"expected metric: max|min entries, got {item!r}")
+        section = merged
+    if not isinstance(section, dict) or not section:
+        errors.add(("objectives",), f"expected a mapping such as {{valid_ndcg@10: max}}, got {section!r}")
+        return {"valid_ndcg@10": "max"}
+    objectives = {}
+    for metric, mode in section.items():
+        metric = str(metric)
+        if metric.startswith("test_"):
+            errors.add(("objectives", metric), "test metrics are recorded for the best-validation epoch but never "
+                                               "used for selection; optimise the valid_ metric instead")
+        elif metric not in VALID_METRICS + EFFICIENCY_OBJECTIVES:
+            ks = ",".join(map(str, METRIC_KS))
+            errors.add(("objectives", metric), f"unknown objective; use valid_{{hr,ndcg,mrr}}@{{{ks}}} "
+                                               f"or one of {', '.join(EFFICIENCY_OBJECTIVES)}")
+        if mode not in ("max", "min"):
+            errors.add(("objectives", metric), f"mode must be max or min, got {mode!r}")
+        objectives[metric] = mode
+    return objectives
+
+
+def resolve(data: dict[str, Any], *, source: Path | None = None, lines: dict[tuple, int] | None = None,
+            overridden: set[tuple] | None = None, check_machine: bool = True) -> Study:
+    """Validate every section of a parsed study; report all problems together, each naming its key."""
+    errors = ConfigErrors(source, lines or {}, overridden or set())
+    overridden = overridden or set()
+    for key in data:
+        if key not in SECTIONS:
+            errors.add((key,), f"unknown section; a study has {', '.join(SECTIONS)}")
+    for key in REQUIRED:
+        if data.get(key) is None:
+            errors.add((key,), "required")
+
+    name = data.get("name")
+    if name is not None and (not isinstance(name, str) or not NAME_PATTERN.match(name)):
+        errors.add(("name",), f"must be a folder-safe name (letters, digits, . _ -), got {name!r}")
+    model = data.get("model")
+    if model is not None and model not in models.available():
+        errors.add(("model",), f"unknown model {model!r}; known: {', '.join(models.available())}")
+        model = None
+    dataset = resolve_dataset(data, errors, source)
+
+    protocol = _section(data, "protocol", errors)
+    fixed = _section(data, "fixed", errors)
+    search_spec = _section(data, "search", errors)
+    budget_in = _section(data, "budget", errors)
+    seeds_in = _section(data, "seeds", errors)
+
+    # Settings given in two places (budget.max_epochs / fixed.max_epochs, seeds.train / fixed.seed).
+    for (section_a, key_a), (section_b, key_b) in ALIASES.items():
+        a_in = {"budget": budget_in, "seeds": seeds_in}[section_a]
+        if key_a in a_in and key_b in fixed:
+            a_set, b_set = (section_a, key_a) in overridden, (section_b, key_b) in overridden
+            if a_set and not b_set:  # the command line wins over the file
+                fixed.pop(key_b)
+            elif b_set and not a_set:
+                a_in.pop(key_a)
+            else:
+                errors.add((section_b, key_b), f"given twice: also {section_a}.{key_a}; keep one")
+                fixed.pop(key_b)
+        if key_b in fixed:  # one setting, one home: errors about it still name the line the user wrote
+            a_in[key_a] = fixed.pop(key_b)
+            errors.alias[(section_a, key_a)] = (section_b, key_b)
+
+    if model is not None:
+        known = _known_keys(model)
+        for key in protocol:
+            if key not in PROTOCOL_KEYS:
+                errors.add(("protocol", key), f"not a protocol key; protocol takes {', '.join(PROTOCOL_KEYS)}"
+                           + (" (a trainer or model key goes under fixed:)" if key in known else ""))
+        for key in fixed:
+            if key in PROTOCOL_KEYS:
+                errors.add(("fixed", key), "a protocol key; put it under protocol:")
+            elif key not in known:
+                errors.add(("fixed", key), f"unknown key for model {model}; known keys: {', '.join(sorted(known))}")
+    protocol = {k: v for k, v in protocol.items() if k in PROTOCOL_KEYS}
+    if model is not None:
+        fixed = {k: v for k, v in fixed.items() if k in _known_keys(model) and k not in PROTOCOL_KEYS}
+        # Type every given value now: a bad one is reported here and left out, so that the combination check
+        # below still runs (with the default in its place) and reports its own problems in the same go.
+        for section_name, section in (("protocol", protocol), ("fixed", fixed)):
+            for key in list(section):
+                try:
+                    section[key] = coerce(key, section[key], _key_type(model, key))
+                except ConfigError as error:
+                    errors.add((section_name, key), error.errors[0][1])
+                    del section[key]
+
+    search: dict[str, SearchParam] = {}
+    if model is not None:
+        known = _known_keys(model)
+        for key, spec in search_spec.items():
+            if key in PROTOCOL_KEYS:
+                errors.add(("search", key), "protocol keys cannot be searched: metrics under different protocols "
+                                            "are not comparable; run one study per protocol")
+            elif key in EXECUTION_KEYS:
+                errors.add(("search", key), "an execution setting, not a hyperparameter; set it under fixed:")
+            elif key == "max_epochs":
+                errors.add(("search", key), "the epoch budget is budget.max_epochs (ASHA stops weak trials early)")
+            elif key not in known:
+                errors.add(("search", key), f"unknown key for model {model}; known keys: {', '.join(sorted(known))}")
+            elif key in fixed:
+                errors.add(("search", key), "also set under fixed:; keep one")
+            else:
+                param = _resolve_param(model, key, spec, errors)
+                if param is not None:
+                    search[key] = param
+    if not search_spec:
+        errors.add(("search",), "empty; a sweep needs at least one searched key (python -m study.train runs one "
+                                "configuration)")
+    kinds = {p.kind for p in search.values()}
+    if "grid" in kinds and kinds != {"grid"}:
+        mixed = sorted(k for k, p in search.items() if p.kind != "grid")
+        errors.add(("search",), f"grid cannot be combined with sampled keys ({', '.join(mixed)}): a grid is "
+                                "enumerated exhaustively, the others are drawn by TPE; use choice instead of grid")
+
+    objectives = _resolve_objectives(data, errors)
+
+    _check_keys(budget_in, "budget", ("num_samples", "max_epochs", "time_budget_s"), errors)
+    grid_size = math.prod(len(p.values) for p in search.values()) if kinds == {"grid"} else 0
+    default_epochs = TrainConfig.max_epochs
+    budget = {
+        "num_samples": _typed(budget_in, "budget", "num_samples", int, errors, grid_size or 10),
+        "max_epochs": _typed(budget_in, "budget", "max_epochs", int, errors, default_epochs),
+        "time_budget_s": _typed(budget_in, "budget", "time_budget_s", (int, float), errors, 0),
+    }
+    if budget["num_samples"] < 1:
+        errors.add(("budget", "num_samples"), f"must be >= 1, got {budget['num_samples']}")
+    if grid_size and budget["num_samples"] > grid_size:
+        errors.add(("budget", "num_samples"), f"{budget['num_samples']} exceeds the {grid_size} points of the grid; "
+                                              "each grid point runs once (search seed to repeat points)")
+    if budget["max_epochs"] < 1:
+        errors.add(("budget", "max_epochs"), f"must be >= 1, got {budget['max_epochs']}")
+    if budget["time_budget_s"] < 0:
+        errors.add(("budget", "time_budget_s"), f"must be >= 0 (0 = no limit), got {budget['time_budget_s']}")
+
+    _check_keys(seeds_in, "seeds", ("sampler", "train"), errors)
+    seeds = {"sampler": _typed(seeds_in, "seeds", "sampler", int, errors, 0),
+             "train": _typed(seeds_in, "seeds", "train", int, errors, TrainConfig.seed)}
+    if "train" in seeds_in and "seed" in search:
+        errors.add(("seeds", "train"), "seed is searched; drop seeds.train")
+
+    scheduler = _resolve_scheduler(data, objectives, budget, errors)
+    resources = _resolve_resources(data, errors, check_machine)
+
+    sampler = data.get("sampler", "auto") or "auto"
+    if sampler not in SAMPLERS:
+        errors.add(("sampler",), f"must be one of {', '.join(SAMPLERS)}, got {sampler!r}")
+        sampler = "auto"
+    if sampler == "grid" and kinds != {"grid"}:
+        errors.add(("sampler",), "sampler grid needs every searched key to be a grid: distribution")
+    if kinds == {"grid"} and sampler not in ("auto", "grid"):
+        errors.add(("sampler",), f"a grid search is enumerated by the grid sampler, not {sampler}")
+
+    try:
+        storage, storage_uri = resolve_storage(data.get("storage"), str(name or "study"))
+    except UserError as error:
+        errors.add(("storage",), str(error))
+        storage, storage_uri = resolve_storage(None, str(name or "study"))
+
+    study = Study(name=str(name), model=str(model), dataset=dataset, protocol=protocol, fixed=fixed, search=search,
+                  objectives=objectives, budget=budget, scheduler=scheduler, resources=resources, sampler=sampler,
+                  seeds=seeds, storage=storage, storage_uri=storage_uri, source=source)
+    if model is not None:
+        _check_combinations(study, errors)
+    if errors.items:
+        raise StudyConfigError(errors.items)
+    return study
+
+
+def _resolve_scheduler(data: dict, objectives: dict[str, str], budget: dict, errors: ConfigErrors) -> dict | None:
+    raw = data.get("scheduler", {})
+    if raw in (None, "none", False):
+        return None
+    if raw == "asha":
+        raw = {}
+    if not isinstance(raw, dict):
+        errors.add(("scheduler",), f"expected a mapping, none, or asha; got {raw!r}")
+        return None
+    _check_keys(raw, "scheduler", ("type", "metric", "mode", "grace_period", "reduction_factor"), errors)
+    kind = raw.get("type", "asha")
+    if kind in (None, "none"):
+        return None
+    if kind != "asha":
+        errors.add(("scheduler", "type"), f"must be asha or none, got {kind!r}")
+    first_valid = next((m for m in objectives if m in VALID_METRICS), "valid_ndcg@10")
+    metric = raw.get("metric", first_valid)
+    mode = raw.get("mode", objectives.get(metric, "max"))
+    if metric not in VALID_METRICS:
+        errors.add(("scheduler", "metric"), f"ASHA stops trials on a validation metric reported every epoch "
+                                            f"({', '.join(VALID_METRICS)}); got {metric!r}")
+    if mode not in ("max", "min"):
+        errors.add(("scheduler", "mode"), f"must be max or min, got {mode!r}")
+    elif metric in objectives and objectives[metric] != mode:
+        errors.add(("scheduler", "mode"), f"{mode} contradicts objectives.{metric}: {objectives[metric]}")
+    grace = _typed(raw, "scheduler", "grace_period", int, errors, 1)
+    factor = _typed(raw, "scheduler", "reduction_factor", (int, float), errors, 2)
+    if grace < 1:
+        errors.add(("scheduler", "grace_period"), f"must be >= 1 epoch, got {grace}")
+    elif grace > budget["max_epochs"]:
+        errors.add(("scheduler", "grace_period"), f"{grace} exceeds budget.max_epochs={budget['max_epochs']}: "
+                                                  "ASHA would never compare trials")
+    if factor <= 1:
+        errors.add(("scheduler", "reduction_factor"), f"must be > 1, got {factor}")
+    return {"type": "asha", "metric": metric, "mode": mode, "grace_period": grace, "reduction_factor": factor}
+
+
+def _machine_resources() -> tuple[float, float]:
+    import os
+
+    import torch
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return float(cpus), float(torch.cuda.device_count() if torch.cuda.is_available() else 0)
+
+
+def _resolve_resources(data: dict, errors: ConfigErrors, check_machine: bool) -> dict[str, Any]:
+    raw = _section(data, "resources", errors)
+    _check_keys(raw, "resources", ("cpu", "gpu", "workers_per_trial", "max_concurrent"), errors)
+    cpu = _typed(raw, "resources", "cpu", (int, float), errors, 1)
+    gpu = _typed(raw, "resources", "gpu", (int, float), errors, 0)
+    workers = _typed(raw, "resources", "workers_per_trial", int, errors, 1)
+    concurrent = raw.get("max_concurrent", "auto")
+    if concurrent != "auto":
+        concurrent = _typed(raw, "resources", "max_concurrent", int, errors, "auto")
+        if concurrent != "auto" and concurrent < 1:
+            errors.add(("resources", "max_concurrent"), f"must be >= 1 or auto, got {concurrent}")
+    if cpu <= 0:
+        errors.add(("resources", "cpu"), f"must be > 0, got {cpu}")
+    if gpu < 0:
+        errors.add(("resources", "gpu"), f"must be >= 0, got {gpu}")
+    elif gpu > 1 and not float(gpu).is_integer():
+        errors.add(("resources", "gpu"), f"fractions are for sharing one GPU (gpu < 1); got {gpu}")
+    if workers < 1:
+        errors.add(("resources", "workers_per_trial"), f"must be >= 1, got {workers}")
+    if check_machine and cpu > 0 and workers >= 1:
+        machine_cpus, machine_gpus = _machine_resources()
+        if cpu * workers > machine_cpus:
+            errors.add(("resources", "cpu"), f"a trial needs {cpu * workers:g} CPUs but this machine has "
+                                             f"{machine_cpus:g}; no trial could ever start")
+        if gpu > 0 and machine_gpus == 0:
+            errors.add(("resources", "gpu"), f"{gpu} GPU per trial requested but this machine has no CUDA GPU")
+        elif gpu * workers > machine_gpus:
+            errors.add(("resources", "gpu"), f"a trial needs {gpu * workers:g} GPUs, this machine has {machine_gpus:g}")
+    return {"cpu": cpu, "gpu": gpu, "workers_per_trial": workers, "max_concurrent": concurrent}
+
+
+def _points(study: Study) -> tuple[list[dict[str, Any]], bool]:
+    """Search points to validate: the whole product of candidate values, or one key at a time when huge."""
+    names = list(study.search)
+    candidates = [study.search[name].candidates() for name in names]
+    if math.prod(len(c) for c in candidates) <= MAX_CHECKED_POINTS:
+        return [dict(zip(names, combo)) for combo in itertools.product(*candidates)], True
+    base = {name: values[0] for name, values in zip(names, candidates)}
+    points = [base]
+    for name, values in zip(names, candidates):
+        points += [{**base, name: value} for value in values[1:]]
+    return points, False
+
+
+def _check_combinations(study: Study, errors: ConfigErrors) -> None:
+    """Run every search point through split_settings + make_config, and check the training objective.
+
+    The model declares its own constraints (heads divide hidden size, ELASTIC's K square ...), so this stays
+    generic over the registry. ``num_items`` is a placeholder: no constraint may depend on the dataset.
+    """
+    from study.train.objectives import resolve_objective
+
+    points, study.exhaustive_check = _points(study)
+    study.checked_points = len(points)
+    failures: dict[tuple[tuple, str], list[dict]] = {}
+    built: set[str] = set()
+    for point in points:
+        settings = study.settings(point)
+        try:
+            train_cfg, hparams = split_settings(study.model, settings)
+            models.make_config(study.model, num_items=2, **hparams)
+        except ConfigError as error:
+            for key, message in error.errors:
+                failures.setdefault((_home(study, key), message), []).append(point)
+            continue
+        if study.resources["workers_per_trial"] > 1 and train_cfg.objective == "last":
+            errors.add(("protocol", "objective"), "objective last expands each user into a varying number of "
+                                                  "prefix batches, which data-parallel workers cannot keep in step; "
+                                                  "use workers_per_trial: 1")
+        identity = repr(sorted(hparams.items())) + train_cfg.objective
+        if identity not in built and len(built) < MAX_BUILT_MODELS:
+            built.add(identity)
+            try:
+                resolve_objective(models.build(study.model, num_items=2, **hparams), train_cfg.objective)
+            except ConfigError as error:
+                for key, message in error.errors:
+                    failures.setdefault((_home(study, key), message), []).append(point)
+    shown_per_key: dict[tuple, int] = {}
+    for (path, message), failing in failures.items():
+        shown_per_key[path] = shown_per_key.get(path, 0) + 1
+        if shown_per_key[path] > 3:  # three examples say enough about one key; more would bury other problems
+            continue
+        if not study.search or len(failing) == len(points):
+            errors.add(path, message)
+            continue
+        first = ", ".join(f"{k}={v}" for k, v in failing[0].items())
+        more = f"; {len(failing)} of {len(points)} points fail" if len(failing) > 1 else ""
+        errors.add(path, f"{message} (at search point {first}{more})")
+    _check_study_settings(study, errors)
+
+
+def _home(study: Study, key: str) -> tuple[str, str]:
+    """The section that sets ``key``, where an error about it is reported."""
+    if key in study.search:
+        return ("search", key)
+    if key in PROTOCOL_KEYS:
+        return ("protocol", key)
+    if key == "max_epochs":
+        return ("budget", "max_epochs")
+    if key == "seed":
+        return ("seeds", "train")
+    return ("fixed", key)
+
+
+def _check_study_settings(study: Study, errors: ConfigErrors) -> None:
+    """Combinations across sections: efficiency objectives need measuring, threads fit the CPU share."""
+    settings = study.settings({k: p.candidates()[0] for k, p in study.search.items()})
+    measure = settings.get("measure_efficiency", TrainConfig.measure_efficiency)
+    for metric in study.objectives:
+        if metric in MEASURED_OBJECTIVES and not coerce("measure_efficiency", measure, bool):
+            errors.add(("objectives", metric), "needs measure_efficiency: true (fixed.measure_efficiency is false)")
+    threads = settings.get("num_threads")
+    cpu = study.resources["cpu"]
+    if threads and int(threads) > max(1, math.floor(cpu)):
+        errors.add(("fixed", "num_threads"), f"{threads} threads on resources.cpu={cpu:g} oversubscribes the CPU "
+                                             "share of each trial; leave num_threads unset (= the CPU share)")
+    device = str(settings.get("device", "auto"))
+    if study.resources["gpu"] > 0 and device == "cpu":
+        errors.add(("fixed", "device"), "device cpu with resources.gpu > 0 reserves a GPU that no trial uses")
+    if study.resources["gpu"] == 0 and device.startswith("cuda"):
+        errors.add(("fixed", "device"), f"device {device} needs resources.gpu > 0: Ray hides GPUs from trials "
+                                        "that reserve none")
+    time_budget = settings.get("time_budget_s", 0) or 0
+    if study.budget["time_budget_s"] and float(time_budget) > study.budget["time_budget_s"]:
+        errors.add(("fixed", "time_budget_s"), f"a trial's time budget ({time_budget}s) exceeds the whole study's "
+                                               f"budget.time_budget_s={study.budget['time_budget_s']}")

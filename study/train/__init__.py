@@ -1,0 +1,1 @@
+"""One trial: settings, the training step, the trainer, objectives, metrics, efficiency figures, the result row."""

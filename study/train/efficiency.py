@@ -1,0 +1,154 @@
+"""Efficiency figures recorded with every trial: parameters, peak training memory, inference latency.
+
+Peak memory of one training step (forward + backward + optimizer step, optimizer state included):
+- CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, in the trial process.
+- CPU: measured in a **fresh spawned process**, because glibc keeps freed memory mapped and a
+  long-lived process would reuse it without raising its peak. The child builds the model and one real
+  batch, resets the kernel's resident-set high-water mark (``/proc/self/clear_refs`` ← 5), reads its
+  current RSS as the baseline, runs the step, and reports ``VmHWM − baseline``. Where clear_refs is
+  unavailable (non-Linux), it falls back to ``ru_maxrss − baseline`` and says so in the method string.
+  This counts everything the step touches (activations, gradients, Adam moments, allocator slack),
+  so it is an upper bound on what PyTorch itself asked for.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import resource
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from models import SeqRecModel
+
+CUDA_METHOD = "cuda max_memory_allocated, one training step"
+CPU_METHOD = "fresh process VmHWM - baseline RSS, one training step"
+CPU_FALLBACK_METHOD = "fresh process ru_maxrss - baseline RSS, one training step (no clear_refs)"
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} missing from /proc/self/status")
+
+
+def _reset_peak_rss() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _rss_kib() -> int:
+    if os.path.exists("/proc/self/status"):
+        return _status_kib("VmRSS")
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // (1024 if sys.platform == "darwin" else 1)
+
+
+def measure_peak_mb(run: Callable[[], object], device: torch.device) -> tuple[float, bool]:
+    """Peak memory (MiB) that ``run()`` adds to this process, and whether it was measured exactly.
+
+    CUDA: the allocator peak above what was allocated before. CPU: VmHWM - baseline RSS after resetting the
+    high-water mark; ``False`` means the ``ru_maxrss`` fallback (no clear_refs). On a CPU the figure is only
+    right in a fresh process (see the module docstring), which the caller provides: the spawned child below,
+    or the scaling study's one-process-per-cell measurement.
+    """
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        run()
+        torch.cuda.synchronize(device)
+        return (torch.cuda.max_memory_allocated(device) - before) / 2**20, True
+    exact = _reset_peak_rss()
+    baseline = _rss_kib()
+    run()
+    if exact:
+        peak = _status_kib("VmHWM")
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // (1024 if sys.platform == "darwin" else 1)
+    return (peak - baseline) / 1024.0, exact
+
+
+def _cpu_step_child(model_name: str, model_hparams: dict, train_settings: dict, windows: np.ndarray,
+                    num_threads: int, queue: multiprocessing.Queue) -> None:
+    try:
+        torch.set_num_threads(max(1, num_threads))
+        from study.train.step import build_step  # imported here: the child starts from a fresh interpreter
+
+        step = build_step(model_name, model_hparams, train_settings, torch.device("cpu"))
+        batch = torch.as_tensor(windows, dtype=torch.long)
+        peak_mb, exact = measure_peak_mb(lambda: step(batch), torch.device("cpu"))
+        queue.put((peak_mb, CPU_METHOD if exact else CPU_FALLBACK_METHOD, None))
+    except Exception as error:  # reported to the parent, which records it with the trial
+        queue.put((float("nan"), CPU_METHOD, f"{type(error).__name__}: {error}"))
+
+
+def peak_train_memory_mb(model_name: str, model_hparams: dict, train_settings: dict, windows: np.ndarray,
+                         device: torch.device, *, num_threads: int = 1, timeout_s: float = 300.0,
+                         ) -> tuple[float, str]:
+    """Peak memory (MiB) of one training step on ``windows`` (B, L + 1), and how it was measured."""
+    if device.type == "cuda":
+        from study.train.step import build_step
+
+        step = build_step(model_name, model_hparams, train_settings, device)
+        batch = torch.as_tensor(windows, dtype=torch.long, device=device)
+        return measure_peak_mb(lambda: step(batch), device)[0], CUDA_METHOD
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    child = context.Process(target=_cpu_step_child,
+                            args=(model_name, model_hparams, train_settings, windows, num_threads, queue))
+    child.start()
+    try:
+        peak_mb, method, error = queue.get(timeout=timeout_s)
+    except Exception:
+        child.kill()
+        raise RuntimeError(f"peak-memory child gave no answer within {timeout_s:.0f} s") from None
+    finally:
+        child.join(timeout=30)
+    if error:
+        raise RuntimeError(f"peak-memory child failed: {error}")
+    return peak_mb, method
+
+
+@torch.no_grad()
+def inference_latency_ms(model: SeqRecModel, inputs: np.ndarray, device: torch.device, *, batch_users: int = 256,
+                         warmup: int = 3, repeats: int = 20, top_k: int = 20) -> tuple[float, float]:
+    """p50 and p95 milliseconds to recommend the top-k of all items for one batch of users.
+
+    The batch is real users' inputs; timing covers the encoder, the full scoring matmul and top-k,
+    i.e. what serving one batch costs.
+    """
+    was_training = model.training
+    model.eval()
+    batch = torch.as_tensor(inputs[:batch_users], dtype=torch.long, device=device)
+
+    def serve() -> None:
+        scores = model.last_hidden(batch) @ model.item_weights().T
+        scores[:, 0] = float("-inf")
+        scores.topk(min(top_k, scores.shape[1] - 1), dim=1)
+
+    timings = []
+    for i in range(warmup + repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        serve()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if i >= warmup:
+            timings.append((time.perf_counter() - start) * 1000.0)
+    model.train(was_training)
+    return float(np.percentile(timings, 50)), float(np.percentile(timings, 95))

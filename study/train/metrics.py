@@ -1,0 +1,141 @@
+"""Ranking metrics and the batched evaluator (full ranking or sampled negatives).
+
+With one held-out target per user, HR@K, NDCG@K and MRR@K are functions of the target's rank
+alone, so the evaluator computes ranks on the device — one comparison against the target's score
+per candidate, which is cheaper than a top-k and exact for these metrics — and never loops over
+users in Python.
+
+Ties are broken by the expected rank under a random order (``1 + #higher + #tied / 2``), so a model
+that scores everything equally is not rewarded with rank 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from study.train.config import METRIC_KS
+
+METRIC_NAMES = ("hr", "ndcg", "mrr")
+
+
+def metrics_from_ranks(ranks: torch.Tensor, ks: tuple[int, ...] = METRIC_KS) -> dict[str, float]:
+    """Mean HR/NDCG/MRR@K over users, from 1-based (possibly fractional) ranks of the single target."""
+    ranks = ranks.double()
+    out = {}
+    for k in ks:
+        hit = ranks <= k
+        out[f"hr@{k}"] = hit.double().mean().item()
+        out[f"ndcg@{k}"] = torch.where(hit, 1.0 / torch.log2(ranks + 1.0), 0.0).mean().item()
+        out[f"mrr@{k}"] = torch.where(hit, 1.0 / ranks, 0.0).mean().item()
+    return out
+
+
+def rank_of_target(scores: torch.Tensor, target_scores: torch.Tensor) -> torch.Tensor:
+    """Expected 1-based rank of ``target_scores`` (B,) among ``scores`` (B, C) that include it once."""
+    higher = (scores > target_scores[:, None]).sum(1)
+    tied = (scores == target_scores[:, None]).sum(1) - 1
+    return 1.0 + higher + tied / 2.0
+
+
+@dataclass
+class EvalSplit:
+    """What one evaluation needs: inputs (U, L), targets (U,), and each user's history before the target.
+
+    Histories are slices of one flat array of full sequences: user u's history is
+    ``history_items[history_starts[u] : history_starts[u] + history_lengths[u]]``.
+    """
+
+    inputs: np.ndarray
+    targets: np.ndarray
+    history_items: np.ndarray
+    history_starts: np.ndarray
+    history_lengths: np.ndarray
+
+    def history_mask(self, start: int, stop: int, num_items: int, device: torch.device) -> torch.Tensor:
+        """Dense (stop - start, num_items + 1) bool mask of the items users start..stop-1 interacted with."""
+        lengths = self.history_lengths[start:stop]
+        row_ids = np.repeat(np.arange(stop - start), lengths)
+        # position of each history entry in the flat array, built without a loop over users
+        within = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        flat = self.history_items[np.repeat(self.history_starts[start:stop], lengths) + within]
+        mask = torch.zeros(stop - start, num_items + 1, dtype=torch.bool, device=device)
+        mask[torch.as_tensor(row_ids, device=device), torch.as_tensor(flat, device=device, dtype=torch.long)] = True
+        return mask
+
+
+def sample_negatives(split: EvalSplit, num_items: int, num_negatives: int, item_popularity: np.ndarray | None,
+                     seed: int, batch_size: int = 1024) -> np.ndarray:
+    """Fixed negatives per user, (U, num_negatives), never the target and never a history item.
+
+    Drawn without replacement from uniform or popularity weights (``item_popularity``) with a
+    seeded generator, so every model evaluated under the same seed sees the same candidates.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    if item_popularity is None:
+        weights = torch.ones(num_items + 1)
+    else:
+        weights = torch.as_tensor(item_popularity, dtype=torch.float).clone()
+    weights[0] = 0.0
+    negatives = np.empty((len(split.targets), num_negatives), dtype=np.int64)
+    for start in range(0, len(split.targets), batch_size):
+        rows = np.arange(start, min(start + batch_size, len(split.targets)))
+        blocked = split.history_mask(start, rows[-1] + 1, num_items, torch.device("cpu"))
+        blocked[torch.arange(len(rows)), torch.as_tensor(split.targets[rows], dtype=torch.long)] = True
+        batch_weights = weights.expand(len(rows), -1).masked_fill(blocked, 0.0)
+        # a user who has seen almost every item: fall back to allowing repeats among the unseen ones
+        available = (batch_weights > 0).sum(1).min().item()
+        negatives[rows] = torch.multinomial(batch_weights, num_negatives, replacement=available < num_negatives,
+                                            generator=generator).numpy()
+    return negatives
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, split: EvalSplit, *, batch_size: int = 256, device: torch.device,
+             mask_history: bool = False, negatives: np.ndarray | None = None,
+             ks: tuple[int, ...] = METRIC_KS) -> dict[str, float]:
+    """Rank each user's target with ``model``; full ranking unless ``negatives`` (U, n) are given."""
+    was_training = model.training
+    model.eval()
+    weights = model.item_weights()
+    num_items = weights.shape[0] - 1
+    ranks = []
+    for start in range(0, len(split.targets), batch_size):
+        rows = np.arange(start, min(start + batch_size, len(split.targets)))
+        inputs = torch.as_tensor(split.inputs[rows], dtype=torch.long, device=device)
+        targets = torch.as_tensor(split.targets[rows], dtype=torch.long, device=device)
+        hidden = model.last_hidden(inputs)
+        if negatives is None:
+            scores = hidden @ weights.T
+            scores[:, 0] = float("-inf")
+            if mask_history:
+                blocked = split.history_mask(start, rows[-1] + 1, num_items, device)
+                blocked[torch.arange(len(rows), device=device), targets] = False
+                scores = scores.masked_fill(blocked, float("-inf"))
+            target_scores = scores.gather(1, targets[:, None]).squeeze(1)
+        else:
+            candidates = torch.cat([targets[:, None], torch.as_tensor(negatives[rows], device=device)], dim=1)
+            scores = torch.einsum("bd,bcd->bc", hidden, weights[candidates])
+            target_scores = scores[:, 0]
+        ranks.append(rank_of_target(scores, target_scores))
+    model.train(was_training)
+    return metrics_from_ranks(torch.cat(ranks).cpu(), ks)
+
+
+def popularity_metrics(split: EvalSplit, item_popularity: np.ndarray, *, negatives: np.ndarray | None = None,
+                       ks: tuple[int, ...] = METRIC_KS) -> dict[str, float]:
+    """The most-popular baseline under the same protocol: every user gets the training popularity."""
+    popularity = torch.as_tensor(item_popularity, dtype=torch.float64)
+    targets = torch.as_tensor(split.targets, dtype=torch.long)
+    if negatives is None:
+        # rank against every real item via a sorted popularity vector: O(U log I), no (U, I) matrix
+        ranked = torch.sort(popularity[1:]).values
+        target_pop = popularity[targets]
+        higher = len(ranked) - torch.searchsorted(ranked, target_pop, right=True)
+        tied = torch.searchsorted(ranked, target_pop, right=True) - torch.searchsorted(ranked, target_pop) - 1
+        return metrics_from_ranks(1.0 + higher + tied / 2.0, ks)
+    candidates = torch.cat([targets[:, None], torch.as_tensor(negatives)], dim=1)
+    scores = popularity[candidates]
+    return metrics_from_ranks(rank_of_target(scores, scores[:, 0]), ks)

@@ -1,0 +1,279 @@
+"""The one trainer: fit a registry model on a prepared dataset, evaluate, and record one result row.
+
+    python -m study.train --model sasrec --dataset ml-100k [--source PATH] [--set key=value ...]
+
+Flow: prepared dataset → :class:`TrialData` (numpy windows cropped to the model's ``max_len``) →
+epochs of the chosen objective → validation NDCG@10 each epoch → early stopping. Test metrics are
+computed whenever validation improves, so the reported test figures always belong to the
+best-validation epoch — even if a scheduler stops the trial early — and are never used to select
+anything. A per-epoch callback receives an :class:`EpochReport`; Ray Tune hooks in there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import random
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import models
+from models import ConfigError, SeqRecModel
+from study.errors import UserError, print_error
+from study.train import efficiency
+from study.train.config import SELECTION_METRIC, TrainConfig, parse_assignments, split_settings
+from study.train.metrics import EvalSplit, evaluate, popularity_metrics, sample_negatives
+from study.train.objectives import expand_prefixes, resolve_objective
+from study.train.results import make_result, to_json_line
+from study.train.step import NonFiniteLoss, TrainStep
+
+
+@dataclass
+class TrialData:
+    """Everything a trial reads, as numpy arrays already cropped to one ``max_len``."""
+
+    meta: dict
+    train: np.ndarray  # (U, max_len + 1) left-padded windows of training items
+    valid: EvalSplit
+    test: EvalSplit
+    item_popularity: np.ndarray  # (num_items + 1,) training counts
+
+    @property
+    def num_items(self) -> int:
+        return int(self.meta["num_items"])
+
+    @classmethod
+    def from_prepared(cls, path: str | Path, max_len: int) -> TrialData:
+        from study.data import load_prepared
+
+        dataset = load_prepared(path)
+        stored = dataset.train.shape[1] - 1
+        if max_len > stored:
+            raise UserError(f"max_len={max_len} exceeds the {stored} items per window stored in {path}; "
+                            f"prepare the dataset with --max-len {max_len} or more")
+        indptr = np.asarray(dataset.history_indptr, dtype=np.int64)
+        indices = np.asarray(dataset.history_indices, dtype=np.int64)
+        lengths = np.diff(indptr)
+
+        def split(windows: np.ndarray, held_out: int) -> EvalSplit:
+            cropped = np.ascontiguousarray(windows[:, -(max_len + 1):])
+            return EvalSplit(inputs=cropped[:, :-1], targets=cropped[:, -1].astype(np.int64),
+                             history_items=indices, history_starts=indptr[:-1], history_lengths=lengths - held_out)
+
+        return cls(meta=dataset.meta, train=np.ascontiguousarray(dataset.train[:, -(max_len + 1):]),
+                   valid=split(dataset.valid, 2), test=split(dataset.test, 1),
+                   item_popularity=dataset.item_popularity("train"))
+
+
+@dataclass
+class EpochReport:
+    epoch: int
+    train_loss: float
+    valid: dict[str, float]
+    best_epoch: int
+    best_valid: dict[str, float]
+    best_test: dict[str, float]
+    epoch_time_s: float
+    train_time_s: float
+    throughput: float  # training sequences per second this epoch
+    wall_time_s: float
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def flat(self) -> dict[str, float]:
+        """Flat metric names used in Tune reports and history.parquet."""
+        row = {"epoch": self.epoch, "train_loss": self.train_loss, "best_epoch": self.best_epoch,
+               "epoch_time_s": self.epoch_time_s, "throughput": self.throughput, "wall_time_s": self.wall_time_s}
+        row.update({f"valid_{k}": v for k, v in self.valid.items()})
+        row.update({f"best_valid_{k}": v for k, v in self.best_valid.items()})
+        row.update({f"test_{k}": v for k, v in self.best_test.items()})
+        return row
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"device={name} requested but CUDA is not available on this machine")
+    return torch.device(name)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def user_batches(windows: np.ndarray, batch_size: int, rng: np.random.Generator) -> Iterable[np.ndarray]:
+    """Shuffled batches of user windows that hold at least one (input, target) pair."""
+    trainable = np.flatnonzero((windows[:, :-1] > 0).any(1) & (windows[:, -1] > 0))
+    order = rng.permutation(trainable)
+    for start in range(0, len(order), batch_size):
+        yield windows[order[start:start + batch_size]]
+
+
+def objective_batches(user_windows: Iterable[np.ndarray], objective: str, batch_size: int, prefixes_per_user: int,
+                      rng: np.random.Generator) -> Iterable[np.ndarray]:
+    """For ``last``, expand user windows into shuffled prefix windows; other objectives pass through."""
+    if objective != "last":
+        yield from user_windows
+        return
+    for windows in user_windows:
+        prefixes = expand_prefixes(windows, prefixes_per_user, rng)
+        prefixes = prefixes[rng.permutation(len(prefixes))]
+        for start in range(0, len(prefixes), batch_size):
+            yield prefixes[start:start + batch_size]
+
+
+def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | None = None, *,
+              callback: Callable[[EpochReport], None] | None = None, progress: bool = False,
+              train_batches: Callable[[int], Iterable[np.ndarray]] | None = None) -> dict:
+    """Train and evaluate one configuration; returns one result row (see :mod:`study.train.results`).
+
+    ``settings`` holds trainer, protocol and model keys (strings are coerced). ``train_batches``, if
+    given, yields the epoch's user windows (e.g. from a Ray Data shard) instead of the in-memory shuffle.
+    """
+    started = time.perf_counter()
+    train_cfg, model_hparams = split_settings(model_name, settings or {})
+    max_len = model_hparams.get("max_len", models.model_class(model_name).config_class.max_len)
+    if not isinstance(data, TrialData):
+        data = TrialData.from_prepared(data, max_len)
+    model_hparams = {**model_hparams, "num_items": data.num_items, "max_len": max_len}
+    if train_cfg.num_threads:
+        torch.set_num_threads(train_cfg.num_threads)
+    device = resolve_device(train_cfg.device)
+    seed_everything(train_cfg.seed)
+
+    model = models.build(model_name, **model_hparams).to(device)
+    step = TrainStep(model, train_cfg)
+    objective = step.objective
+    rng = np.random.default_rng(train_cfg.seed)
+
+    negatives = {}
+    if train_cfg.eval_mode == "sampled":
+        popularity = data.item_popularity if train_cfg.negative_sampler == "popularity" else None
+        negatives = {name: sample_negatives(split, data.num_items, train_cfg.num_negatives, popularity,
+                                            seed=train_cfg.seed + offset)
+                     for offset, (name, split) in enumerate((("valid", data.valid), ("test", data.test)))}
+
+    def score(split_name: str) -> dict[str, float]:
+        split = data.valid if split_name == "valid" else data.test
+        return evaluate(model, split, batch_size=train_cfg.eval_batch_size, device=device,
+                        mask_history=train_cfg.mask_history, negatives=negatives.get(split_name))
+
+    best_valid: dict[str, float] = {}
+    best_test: dict[str, float] = {}
+    best_epoch, best_state, epochs_without_gain = 0, None, 0
+    epoch_times, throughputs, reports = [], [], []
+    bar = _progress_bar(train_cfg.max_epochs, f"{model_name}", progress)
+    for epoch in range(1, train_cfg.max_epochs + 1):
+        epoch_start = time.perf_counter()
+        model.train()
+        users = train_batches(epoch) if train_batches else user_batches(data.train, train_cfg.batch_size, rng)
+        total_loss, sequences, steps = 0.0, 0, 0
+        for windows in objective_batches(users, objective, train_cfg.batch_size, train_cfg.prefixes_per_user, rng):
+            batch = torch.as_tensor(windows, dtype=torch.long, device=device)
+            try:
+                loss = step(batch, check_finite=True)
+            except NonFiniteLoss as error:
+                raise NonFiniteLoss(f"{error} at epoch {epoch}, step {steps + 1}") from None
+            total_loss += loss.item()
+            sequences += len(windows)
+            steps += 1
+        train_time = time.perf_counter() - epoch_start
+        valid = score("valid")
+        if not best_valid or valid[SELECTION_METRIC] > best_valid[SELECTION_METRIC]:
+            best_valid, best_epoch, epochs_without_gain = valid, epoch, 0
+            best_test = score("test")
+            best_state = copy.deepcopy(model.state_dict())
+        else:
+            epochs_without_gain += 1
+        epoch_time = time.perf_counter() - epoch_start
+        epoch_times.append(epoch_time)
+        throughputs.append(sequences / train_time if train_time > 0 else float("nan"))
+        report = EpochReport(epoch=epoch, train_loss=total_loss / max(steps, 1), valid=valid, best_epoch=best_epoch,
+                             best_valid=best_valid, best_test=best_test, epoch_time_s=epoch_time,
+                             train_time_s=train_time, throughput=throughputs[-1],
+                             wall_time_s=time.perf_counter() - started, extra=model.extra_stats())
+        reports.append(report)
+        bar.update(1)
+        bar.set_postfix(loss=f"{report.train_loss:.3f}", ndcg10=f"{valid[SELECTION_METRIC]:.4f}",
+                        best=f"{best_valid[SELECTION_METRIC]:.4f}@{best_epoch}")
+        if callback is not None:
+            callback(report)
+        if train_cfg.patience and epochs_without_gain >= train_cfg.patience:
+            break
+        if train_cfg.time_budget_s and time.perf_counter() - started >= train_cfg.time_budget_s:
+            break
+    bar.close()
+
+    model.load_state_dict(best_state)
+    figures = {"params": efficiency.count_parameters(model), "epoch_time_s": float(np.median(epoch_times)),
+               "train_throughput": float(np.median(throughputs))}
+    if train_cfg.measure_efficiency:
+        figures.update(efficiency_figures(model_name, model_hparams, train_cfg, data, model, device))
+    return make_result(
+        model=model_name, dataset_meta=data.meta, objective=objective, train_cfg=train_cfg,
+        model_hparams=model.config.to_dict(),
+        best_valid=best_valid, best_test=best_test, best_epoch=best_epoch, epochs_run=len(reports),
+        efficiency=figures, device=device, extra=model.extra_stats(), wall_time_s=time.perf_counter() - started,
+        popularity={f"pop_{k}": v for k, v in popularity_metrics(data.test, data.item_popularity,
+                                                                   negatives=negatives.get("test")).items()
+                    if k == SELECTION_METRIC},
+    )
+
+
+def efficiency_figures(model_name: str, model_hparams: dict, train_cfg: TrainConfig, data: TrialData,
+                        model: SeqRecModel, device: torch.device) -> dict:
+    windows = user_batches(data.train, train_cfg.batch_size, np.random.default_rng(0))
+    settings = {**asdict(train_cfg), "objective": resolve_objective(model, train_cfg.objective)}
+    batch = next(objective_batches(windows, settings["objective"], train_cfg.batch_size,
+                                   train_cfg.prefixes_per_user, np.random.default_rng(0)))
+    try:
+        threads = train_cfg.num_threads or torch.get_num_threads()
+        peak_mb, method = efficiency.peak_train_memory_mb(model_name, model_hparams, settings, batch, device,
+                                                          num_threads=threads)
+    except RuntimeError as error:
+        peak_mb, method = float("nan"), f"failed: {error}"
+    p50, p95 = efficiency.inference_latency_ms(model, data.test.inputs, device)
+    return {"peak_mem_mb": peak_mb, "peak_mem_method": method, "infer_ms_p50": p50, "infer_ms_p95": p95}
+
+
+def _progress_bar(total: int, description: str, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=description, unit="epoch", disable=not enabled, file=sys.stderr, leave=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m study.train",
+        description="Train and evaluate one model on one dataset, without Ray. Ends with one JSON line on stdout.")
+    parser.add_argument("--model", default="sasrec", help=f"one of: {', '.join(models.available())}")
+    parser.add_argument("--dataset", default="ml-100k", help="a recipe name (python -m study.data list)")
+    parser.add_argument("--source", help="local file, folder or zip for the recipe (offline machines)")
+    parser.add_argument("--kcore", type=int, help="override the recipe's k-core filter")
+    parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                        help="any trainer, protocol or model key, e.g. --set max_epochs=2 --set hidden_size=128")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    args = parser.parse_args(argv)
+    try:
+        from study.data import prepare
+
+        settings = parse_assignments(args.settings)
+        train_cfg, model_hparams = split_settings(args.model, settings)
+        max_len = model_hparams.get("max_len", models.model_class(args.model).config_class.max_len)
+        models.make_config(args.model, **{**model_hparams, "num_items": 1, "max_len": max_len})
+        path = prepare(args.dataset, source=args.source, max_len=max_len, kcore=args.kcore,
+                       progress=not args.no_progress)
+        result = run_trial(args.model, TrialData.from_prepared(path, max_len), settings, progress=not args.no_progress)
+    except (UserError, ConfigError) as error:
+        return print_error(error)
+    print(to_json_line(result))
+    return 0
+

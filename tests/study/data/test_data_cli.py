@@ -1,0 +1,139 @@
+"""``python -m study.data`` in a subprocess: the statistics table, ``list``, one-line errors with exit 2."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def run_cli(*args: str, cache: Path, movielens_url: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SEQREC_DATA": str(cache), "PYTHONPATH": str(REPO), "no_proxy": "127.0.0.1"}
+    env.pop("SEQREC_MOVIELENS_URL", None)
+    if movielens_url:
+        env["SEQREC_MOVIELENS_URL"] = movielens_url
+    return subprocess.run(
+        [sys.executable, "-m", "study.data", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_prepare_prints_statistics_and_list_shows_it(shared_datasets: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    done = run_cli(
+        "prepare", "lastfm", "--source", str(shared_datasets / "s3rec" / "LastFM.txt"), cache=cache
+    )
+    assert done.returncode == 0, done.stderr
+    table = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in done.stdout.splitlines())
+    assert table["users"] == "1,090" and table["items"] == "3,646" and table["interactions"] == "52,551"
+    assert (table["length mean"], table["length median"], table["length max"]) == ("48.2", "19", "899")
+    assert table["output"].startswith(str(cache / "prepared" / "lastfm-"))
+    listed = run_cli("list", cache=cache)
+    assert listed.returncode == 0 and "ml-100k" in listed.stdout and "synthetic" in listed.stdout
+    assert Path(table["output"]).name in listed.stdout
+
+
+def _bad_zip(tmp: Path) -> Path:
+    path = tmp / "ml-100k.zip"
+    path.write_bytes(b"PK\x03\x04 this is not really a zip archive")
+    return path
+
+
+def _zip_without_ratings(tmp: Path) -> Path:
+    path = tmp / "movies.zip"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("ml-100k/README", "no ratings here")
+    return path
+
+
+def _bad_line(tmp: Path) -> Path:
+    path = tmp / "u.data"
+    path.write_text("1\t10\t5\t881250949\n1\t11\t3\t881250950\n2\tabc\t4\t881250951\n")
+    return path
+
+
+def _tiny_udata(tmp: Path) -> Path:
+    path = tmp / "tiny" / "u.data"
+    path.parent.mkdir()
+    path.write_text("".join(f"{u}\t{i}\t4\t{100 * u + i}\n" for u in range(1, 4) for i in range(1, 4)))
+    return path
+
+
+CASES = {
+    "unknown name": (
+        lambda tmp: ["prepare", "ml-2m"],
+        r"unknown dataset 'ml-2m'; known datasets: ml-100k, ml-1m",
+    ),
+    "missing file": (
+        lambda tmp: ["prepare", "ml-100k", "--source", str(tmp / "nowhere.zip")],
+        r"source not found: .*nowhere\.zip",
+    ),
+    "corrupt zip": (
+        lambda tmp: ["prepare", "ml-100k", "--source", str(_bad_zip(tmp))],
+        r"ml-100k\.zip: not a valid zip archive",
+    ),
+    "zip without ratings": (
+        lambda tmp: ["prepare", "ml-1m", "--source", str(_zip_without_ratings(tmp))],
+        r"movies\.zip: no u\.data / ratings\.dat / ratings\.csv / \*\.inter inside this zip",
+    ),
+    "unparsable line": (
+        lambda tmp: ["prepare", "ml-100k", "--source", str(_bad_line(tmp))],
+        r"u\.data, line 3: field 2 should be an integer",
+    ),
+    "empty after k-core": (
+        lambda tmp: ["prepare", "ml-100k", "--source", str(_tiny_udata(tmp))],
+        r"dataset 'ml-100k' is empty after the 5-core filter .* use a smaller --kcore",
+    ),
+    "max_len < 2": (
+        lambda tmp: ["prepare", "synthetic", "--max-len", "1"],
+        r"max_len must be an integer of at least 2",
+    ),
+    "needs --source": (
+        lambda tmp: ["prepare", "video"],
+        r"dataset 'video' needs --source PATH: one interaction per",
+    ),
+    "wrong option": (
+        lambda tmp: ["prepare", "synthetic", "--param", "colour=red"],
+        r"synthetic: unknown parameter 'colour'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_is_one_line_exit_2(case: str, tmp_path: Path) -> None:
+    make_args, pattern = CASES[case]
+    cache = tmp_path / "cache"
+    done = run_cli(*make_args(tmp_path), cache=cache)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    assert "Traceback" not in done.stderr
+    assert re.search(pattern, lines[0]), lines[0]
+    prepared = cache / "prepared"
+    assert not prepared.exists() or list(prepared.iterdir()) == []
+
+
+def test_download_failure_via_cli(tmp_path: Path) -> None:
+    with socket.socket() as sock:  # a port nobody listens on once the socket is closed
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    done = run_cli(
+        "prepare", "ml-1m", "--quiet", cache=tmp_path / "cache", movielens_url=f"http://127.0.0.1:{port}"
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"error: download of http://127.0.0.1:{port}/ml-1m.zip failed: ")
+    assert "--source PATH" in line

@@ -1,0 +1,202 @@
+"""Real sweeps on the shared LastFM file: outputs, multi-objective Optuna, a failing trial, and kill -9 + --resume.
+
+The kill test runs the CLI in a subprocess (its own embedded Ray) and kills the whole process session with SIGKILL
+once a trial has finished; it runs first, before this module's in-process Ray starts, so that the two clusters do
+not share the two CPUs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import optuna
+import pandas as pd
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[3]
+LASTFM = Path(__file__).resolve().parents[4] / "shared" / "datasets" / "s3rec" / "LastFM.txt"
+TINY_MODEL = "{max_len: 20, batch_size: 128, hidden_size: 16, num_layers: 1, num_heads: 1, inner_size: 32"
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not LASTFM.is_file(), reason=f"{LASTFM} is not available")]
+
+
+def write_study(path: Path, text: str) -> Path:
+    path.write_text(textwrap.dedent(text).lstrip())
+    return path
+
+
+def session_pids(session: int) -> list[int]:
+    """Processes of one session (the subprocess started with start_new_session=True, and Ray's processes under it)."""
+    out = subprocess.run(["ps", "-eo", "pid=,sid="], capture_output=True, text=True, check=True).stdout
+    return [int(pid) for pid, sid in (line.split() for line in out.splitlines()) if int(sid) == session]
+
+
+def kill_session(session: int) -> None:
+    for pid in session_pids(session):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_kill_9_then_resume_elsewhere_loses_no_finished_trial(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    study = write_study(tmp_path / "kill.yaml", f"""
+        name: kill-resume
+        model: sasrec
+        dataset: {{name: lastfm, source: {LASTFM}}}
+        fixed: {TINY_MODEL}, measure_efficiency: false}}
+        search:
+          lr: {{loguniform: [1.0e-3, 1.0e-2]}}
+        budget: {{num_samples: 4, max_epochs: 3}}
+        scheduler: {{type: asha, grace_period: 1, reduction_factor: 2}}
+        resources: {{cpu: 1, max_concurrent: 1}}
+        storage: {out}
+        """)
+    env = {**os.environ, "SEQREC_DATA": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "study.sweep", str(study), "--num-cpus", "2", "--quiet"]
+    log = open(tmp_path / "first.log", "w")
+    first = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    records = out / "trials"
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and first.poll() is None and not list(records.glob("*.json")):
+            time.sleep(0.2)
+        assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+        finished = {p.name: p.read_bytes() for p in records.glob("*.json")}
+        assert finished, "no trial finished in time"
+    finally:
+        kill_session(first.pid)  # SIGKILL to the driver and every Ray process it started
+        first.wait(timeout=60)
+        log.close()
+    assert first.returncode == -signal.SIGKILL
+    finished = {name: data for name, data in finished.items() if (records / name).exists()}
+    assert len(finished) < 4, "the study finished before it could be killed"
+
+    # the study resumes wherever its folder is now (moved, copied to another machine, pulled from a bucket): the
+    # restored recorder and Optuna searcher must follow it, and nothing may be written to the old place
+    moved = tmp_path / "moved"
+    shutil.move(out, moved)
+    out, records = moved, moved / "trials"
+    resumed = subprocess.run(command + ["--resume", "--set", f"storage={moved}"], cwd=REPO, env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert not (tmp_path / "out").exists()
+    for name, data in finished.items():  # finished trials are kept as they were: neither lost nor retrained
+        assert (records / name).read_bytes() == data, name
+    trials = pd.read_parquet(out / "trials.parquet")
+    assert {name.removesuffix(".json") for name in finished} <= set(trials["trial_id"])
+    assert len(trials) >= 4 and (trials["status"] == "ok").all(), trials[["trial_id", "status", "error"]]
+    history = pd.read_parquet(out / "history.parquet")
+    assert not history.duplicated(["trial_id", "epoch"]).any()
+    assert set(history["trial_id"]) == set(trials["trial_id"])
+    optuna_study = optuna.load_study(study_name="kill-resume", storage=f"sqlite:///{out / 'optuna.db'}")
+    states = {t.user_attrs.get("tune_trial_id"): t.state for t in optuna_study.trials}
+    assert all(states[tid] == optuna.trial.TrialState.COMPLETE for tid in trials["trial_id"]), states
+    assert not any(s == optuna.trial.TrialState.RUNNING for s in states.values())  # orphans of the kill closed
+    assert f"{len(trials)} trials: {len(trials)} ok" in resumed.stdout
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False,
+             runtime_env={"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}}, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def test_two_trial_multi_objective_sweep_with_a_failing_trial(tmp_path: Path, data_cache: Path, ray_session) -> None:
+    from study.search.runner import run_study
+    from study.spec.sweep import load_study
+
+    out = tmp_path / "out"
+    path = write_study(tmp_path / "study.yaml", f"""
+        name: lastfm-two
+        model: sasrec
+        dataset: {{name: lastfm, source: {LASTFM}}}
+        fixed: {TINY_MODEL}}}
+        search:
+          lr: {{grid: [0.001, 1.0e+8]}}   # the second learning rate makes the loss NaN: a failing trial
+        objectives: {{valid_ndcg@10: max, peak_mem_mb: min}}
+        budget: {{num_samples: 2, max_epochs: 2}}
+        scheduler: none
+        resources: {{cpu: 1}}
+        storage: {out}
+        """)
+    outcome = run_study(load_study(path), quiet=True)
+
+    trials = pd.read_parquet(out / "trials.parquet").set_index("config.lr")
+    assert sorted(trials["status"]) == ["failed", "ok"]
+    failed, ok = trials.loc[1e8], trials.loc[0.001]
+    assert failed["error"].startswith("FloatingPointError: non-finite training loss"), failed["error"]
+    assert failed["stop_reason"] == "error"
+    assert ok["stop_reason"] == "max_epochs" and ok["epochs_run"] == 2 and ok["error"] == ""
+    for column in ("valid_ndcg@10", "test_ndcg@10", "valid_hr@10", "test_mrr@20", "pop_ndcg@10", "params",
+                   "peak_mem_mb", "infer_ms_p50", "infer_ms_p95", "train_throughput", "step_time_ms", "epoch_time_s"):
+        assert math.isfinite(ok[column]) and ok[column] >= 0, column
+    assert ok["params"] > 0 and ok["peak_mem_mb"] > 0 and ok["seed"] == 0 and ok["dataset"] == "lastfm"
+    assert ok["objective"] == "causal" and ok["config.num_threads"] == 1
+    csv = pd.read_csv(out / "trials.csv")
+    assert sorted(csv["trial_id"]) == sorted(trials["trial_id"])
+
+    history = pd.read_parquet(out / "history.parquet")
+    mine = history[history["trial_id"] == ok["trial_id"]].sort_values("epoch")
+    assert list(mine["epoch"]) == [1, 2]
+    best = mine.loc[mine["valid_ndcg@10"].idxmax()]
+    # the row's test figures belong to the best-validation epoch, never the last one by default
+    assert ok["test_ndcg@10"] == pytest.approx(best["test_ndcg@10"])
+    assert ok["valid_ndcg@10"] == pytest.approx(mine["valid_ndcg@10"].max())
+
+    optuna_study = optuna.load_study(study_name="lastfm-two", storage=f"sqlite:///{out / 'optuna.db'}")
+    assert [d.name for d in optuna_study.directions] == ["MAXIMIZE", "MINIMIZE"]
+    by_id = {t.user_attrs["tune_trial_id"]: t for t in optuna_study.trials}
+    assert by_id[failed["trial_id"]].state == optuna.trial.TrialState.FAIL
+    assert by_id[ok["trial_id"]].state == optuna.trial.TrialState.COMPLETE
+    assert by_id[ok["trial_id"]].values == pytest.approx([ok["valid_ndcg@10"], ok["peak_mem_mb"]])
+
+    assert yaml.safe_load((out / "study.yaml").read_text())["objectives"] == {"valid_ndcg@10": "max",
+                                                                               "peak_mem_mb": "min"}
+    environment = json.loads((out / "environment.json").read_text())
+    assert environment["packages"]["ray"] and environment["hardware"]["accelerator"] in ("cpu", "gpu")
+    assert environment["ray_cluster"]["CPU"] == 2
+    assert not [p for p in out.rglob("*.tmp")], "a temporary file was left behind"
+    assert "Pareto front" in outcome["summary"] and "failed" in outcome["summary"]
+
+
+def test_ray_data_batches_cover_every_trainable_window_once_per_epoch(data_cache: Path, ray_session) -> None:
+    import numpy as np
+
+    from study.data import prepare
+    from study.search.runner import _training_dataset, _training_table, crop_trial_data, ray_data_batches
+    from study.train.trainer import TrialData, user_batches
+
+    path = prepare("lastfm", source=LASTFM, max_len=30, progress=False)
+    dataset = _training_dataset(_training_table(path))  # from_arrow + filter + materialize, as the sweep does
+    expected = TrialData.from_prepared(path, 12).train
+    expected = np.concatenate(list(user_batches(expected, 10_000, np.random.default_rng(0))))
+    batches = ray_data_batches(dataset, 64, seed=3, max_len=12, shuffle_rows=dataset.count())
+    epochs = [np.concatenate(list(batches(epoch))) for epoch in (1, 2)]
+    for windows in epochs:
+        assert windows.shape == expected.shape and windows.dtype.kind == "i"
+        assert sorted(map(bytes, windows)) == sorted(map(bytes, expected.astype(windows.dtype)))
+    assert not np.array_equal(epochs[0], epochs[1])  # reshuffled each epoch
+    again = np.concatenate(list(ray_data_batches(dataset, 64, seed=3, max_len=12, shuffle_rows=dataset.count())(1)))
+    assert np.array_equal(again, epochs[0])  # and reproducible from the seed
+    # the shared evaluation arrays, cropped in the trial, equal a dataset loaded for that max_len directly
+    cropped, direct = crop_trial_data(TrialData.from_prepared(path, 30), 12), TrialData.from_prepared(path, 12)
+    for name in ("inputs", "targets", "history_items", "history_starts", "history_lengths"):
+        assert np.array_equal(getattr(cropped.valid, name), getattr(direct.valid, name)), name
+        assert np.array_equal(getattr(cropped.test, name), getattr(direct.test, name)), name
+    assert np.array_equal(cropped.train, direct.train) and cropped.train.flags.writeable

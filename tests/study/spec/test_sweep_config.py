@@ -1,0 +1,215 @@
+"""The sweep YAML: validation before Ray starts (every problem at once, each naming its key and line), --set, and
+the shipped search spaces. No Ray here: these tests run in seconds."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import models
+from study.spec.sweep import StudyConfigError, load_study
+from study.sweep import main
+
+REPO = Path(__file__).resolve().parents[3]
+LASTFM = Path(__file__).resolve().parents[4] / "shared" / "datasets" / "s3rec" / "LastFM.txt"
+
+
+def write(tmp_path: Path, text: str, name: str = "study.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text).lstrip())
+    return path
+
+
+def errors_of(capsys: pytest.CaptureFixture, argv: list[str]) -> list[str]:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and all(line.startswith("error: ") for line in err), err
+    assert not any("Traceback" in line for line in err)
+    return err
+
+
+@pytest.fixture(autouse=True)
+def private_cache(data_cache: Path) -> Path:
+    return data_cache
+
+
+def test_shipped_search_spaces_validate(capsys: pytest.CaptureFixture) -> None:
+    assert main([str(REPO / "search_spaces" / "sasrec.yaml"), "--dry-run"]) == 0
+    out, err = capsys.readouterr()
+    resolved = out
+    assert "name: sasrec-ml100k" in resolved and "num_samples: 6" in resolved
+    assert re.search(r"checked every \d+ search combination", err)
+    # the paper study is sized for a GPU workstation; on this machine it validates once resources fit
+    paper = str(REPO / "search_spaces" / "paper" / "sasrec-ml1m.yaml")
+    assert main([paper, "--dry-run", "--set", "resources.gpu=0", "--set", "resources.cpu=1"]) == 0
+    assert "name: sasrec-ml1m" in capsys.readouterr().out
+
+
+def test_every_problem_is_reported_with_its_key_and_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = write(tmp_path, f"""
+        name: bad-study
+        model: sasrec
+        dataset: {{name: lastfm, source: {LASTFM}}}
+        fixed:
+          hidden_size: 32
+          max_len: twenty
+          bogus_key: 1
+        search:
+          num_heads: {{choice: [2, 3]}}
+          lr: {{loguniform: [1.0e-4, 1.0e-2]}}
+          hidden_size: {{choice: [16, 32]}}
+          eval_mode: {{choice: [full, sampled]}}
+        objectives: {{valid_ndcg@10: max, test_ndcg@10: max}}
+        budget: {{num_samples: two}}
+        resourcez: {{cpu: 1}}
+        """)
+    err = errors_of(capsys, [str(path), "--dry-run"])
+    text = "\n".join(err)
+    expected = [
+        (7, "fixed.bogus_key", "unknown key for model sasrec"),
+        (11, "search.hidden_size", "also set under fixed"),
+        (12, "search.eval_mode", "protocol keys cannot be searched"),
+        (13, "objectives.test_ndcg@10", "never used for selection"),
+        (14, "budget.num_samples", "expected int, got str 'two'"),
+        (15, "resourcez", "unknown section"),
+        (6, "fixed.max_len", "expected int"),  # wrong type of a model key, from split_settings
+        (9, "search.num_heads", "must divide hidden_size=32, got 3"),  # an impossible combination
+    ]
+    for line, key, message in expected:
+        assert any(f"{path}:{line}: {key}: " in e and message in e for e in err), (line, key, text)
+    assert len(err) == len(expected), text
+
+
+def test_impossible_combination_names_the_search_point(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = write(tmp_path, f"""
+        name: heads
+        model: sasrec
+        dataset: {{name: lastfm, source: {LASTFM}}}
+        search:
+          hidden_size: {{choice: [32, 48]}}
+          num_heads: {{grid: [2, 4]}}
+        """)
+    err = errors_of(capsys, [str(path), "--dry-run"])
+    assert len(err) == 1  # every combination is feasible (32 and 48 split into 2 or 4 heads): only the mix is wrong
+    assert "search: grid cannot be combined with sampled keys (hidden_size)" in err[0]
+    path = write(tmp_path, f"""
+        name: heads
+        model: sasrec
+        dataset: {{name: lastfm, source: {LASTFM}}}
+        search:
+          hidden_size: {{grid: [30, 32]}}
+          num_heads: {{grid: [1, 4]}}
+        """)
+    err = errors_of(capsys, [str(path), "--dry-run"])
+    assert err == [f"error: {path}:6: search.num_heads: must divide hidden_size=30, got 4 "
+                   "(at search point hidden_size=30, num_heads=4)"]
+
+
+@pytest.mark.skipif("elastic" not in models.available(), reason="ELASTIC is not registered yet")
+def test_model_declared_constraints_are_checked_over_the_product(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = write(tmp_path, f"""
+        name: elastic-bad
+        model: elastic
+        dataset: {{name: lastfm, source: {LASTFM}}}
+        search:
+          num_experts: {{choice: [16, 20]}}
+          top_k: {{choice: [2, 5]}}
+        """)
+    err = errors_of(capsys, [str(path), "--dry-run"])
+    assert any(":5: search.num_experts: must be a perfect square" in e and "num_experts=20" in e for e in err), err
+    assert any(":6: search.top_k: must be <= sqrt(num_experts)=4" in e and "top_k=5" in e for e in err), err
+
+
+def test_malformed_yaml_names_the_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = write(tmp_path, """
+        name: broken
+        model: sasrec
+        search:
+          lr: {loguniform: [1.0e-4, 1.0e-2]
+        budget: {num_samples: 2}
+        """)
+    err = errors_of(capsys, [str(path), "--dry-run"])
+    assert len(err) == 1 and re.match(rf"error: {re.escape(str(path))}:\d+:\d+: malformed YAML", err[0]), err
+    line = int(err[0].split(":")[2])
+    assert line in (4, 5), err  # the unclosed flow mapping opened on line 4 is reported where the parser noticed
+    path = write(tmp_path, "name: twice\nmodel: sasrec\nname: again\n")
+    assert errors_of(capsys, [str(path), "--dry-run"]) == [f"error: {path}:3: name: given twice"]
+
+
+def test_set_overrides_dotted_paths(tmp_path: Path) -> None:
+    path = write(tmp_path, f"""
+        name: overrides
+        model: sasrec
+        dataset: {{name: lastfm, source: {LASTFM}}}
+        search:
+          lr: {{loguniform: [1.0e-4, 1.0e-2]}}
+        budget: {{num_samples: 6, max_epochs: 10}}
+        """)
+    study = load_study(path, ["budget.num_samples=2", "fixed.max_epochs=3", "search.lr={choice: [1e-3, 0.01]}",
+                              "seeds.train=7", "fixed.hidden_size=32"])
+    assert study.budget["num_samples"] == 2
+    assert study.budget["max_epochs"] == 3  # the command line wins over the file's budget.max_epochs
+    assert study.search["lr"].kind == "choice" and study.search["lr"].values == [0.001, 0.01]  # 1e-3 read as a number
+    assert study.settings({"lr": 0.01}) == {"hidden_size": 32, "max_epochs": 3, "seed": 7, "lr": 0.01}
+    with pytest.raises(StudyConfigError) as caught:
+        load_study(path, ["fixed.bogus=1", "budget.num_samples=-1", "nosep"])
+    assert caught.value.errors == ["--set nosep: expected section.key=value, e.g. budget.num_samples=2"]
+    with pytest.raises(StudyConfigError) as caught:
+        load_study(path, ["fixed.bogus=1", "budget.num_samples=-1"])
+    assert any(e.startswith("--set fixed.bogus: unknown key") for e in caught.value.errors), caught.value.errors
+    assert any(e.startswith("--set budget.num_samples: must be >= 1") for e in caught.value.errors)
+
+
+def test_cross_section_combinations(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = write(tmp_path, f"""
+        name: combos
+        model: sasrec
+        dataset: {{name: lastfm, source: {LASTFM}}}
+        fixed: {{measure_efficiency: false, num_threads: 4}}
+        search:
+          lr: {{grid: [0.001, 0.01]}}
+        objectives: {{valid_ndcg@10: max, peak_mem_mb: min, bogus_metric: max}}
+        budget: {{num_samples: 3, max_epochs: 2}}
+        scheduler: {{metric: peak_mem_mb, grace_period: 5}}
+        resources: {{cpu: 1, gpu: -1, workers_per_trial: 0}}
+        """)
+    text = "\n".join(errors_of(capsys, [str(path), "--dry-run"]))
+    for fragment in ["objectives.bogus_metric: unknown objective",
+                     "objectives.peak_mem_mb: needs measure_efficiency: true",
+                     "budget.num_samples: 3 exceeds the 2 points of the grid",
+                     "scheduler.metric: ASHA stops trials on a validation metric",
+                     "scheduler.grace_period: 5 exceeds budget.max_epochs=2",
+                     "resources.gpu: must be >= 0", "resources.workers_per_trial: must be >= 1",
+                     "fixed.num_threads: 4 threads on resources.cpu=1 oversubscribes"]:
+        assert fragment in text, (fragment, text)
+
+
+def test_missing_dataset_names_the_recipe_and_how_to_provide_it(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = write(tmp_path, """
+        name: no-source
+        model: sasrec
+        dataset: {name: lastfm}
+        search: {lr: {choice: [0.001]}}
+        """)
+    err = errors_of(capsys, [str(path), "--dry-run"])
+    assert len(err) == 1 and "dataset.source: dataset 'lastfm' cannot be downloaded" in err[0]
+    assert "--set dataset.source=PATH" in err[0]
+    # a source the recipe cannot read fails when the run prepares the data, before Ray starts, naming the recipe
+    (tmp_path / "LastFM.txt").write_text("")
+    err = errors_of(capsys, [str(path), "--set", f"dataset.source={tmp_path / 'LastFM.txt'}",
+                             "--set", f"storage={tmp_path / 'out'}"])
+    assert len(err) == 1 and f"{path}: dataset 'lastfm': " in err[0], err
+    assert not (tmp_path / "out" / "tune").exists()
+
+
+def test_help_documents_the_schema(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    for section in ("objectives:", "budget:", "scheduler:", "resources:", "seeds:", "loguniform", "grid", "--set",
+                    "--dry-run", "--resume", "--dashboard"):
+        assert section in out, section
