@@ -36,7 +36,6 @@ import json
 import math
 import os
 import pickle
-import re
 import resource
 import signal
 import socket
@@ -52,10 +51,11 @@ import numpy as np
 import yaml
 
 from study.errors import UserError, print_error
+from study.spec.yaml_io import NAME_PATTERN
 from study.storage import Mirror, resolve_storage
 
 if TYPE_CHECKING:
-    from study.spec.sweep import ConfigErrors
+    from study.spec.yaml_io import ConfigErrors
 
 # torch, the model zoo and the study-config helpers are imported inside the functions that need them: this module
 # is also what every cell's Ray worker and measuring process import first, and torch alone takes seconds to load.
@@ -79,7 +79,6 @@ EXPECTED_GROWTH = {"linear": (0.0, 1.15), "quadratic": (1.7, 2.3)}
 STOPPING_STATUSES = ("oom", "timeout", "crashed")
 DEFAULT_OBJECTIVE = "last"  # see docs/scaling.md: the papers' RecBole baselines, and no O(N·items) loss term
 STARTUP_GRACE_S = 180.0  # worker + interpreter start-up allowed on top of a cell's timeout before it is cancelled
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 WORKER_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}  # idle OpenMP threads must not spin on a core another cell times
 
 SCHEMA_HELP = """\
@@ -287,7 +286,7 @@ def _int_list(data: dict, key: str, errors: ConfigErrors, minimum: int) -> list[
 def load_scaling_study(path: str | Path, assignments: list[str] | None = None, *,
                        check_machine: bool = True) -> ScalingStudy:
     """Read, override and validate a scaling YAML; raises :class:`StudyConfigError` listing every problem."""
-    from study.spec.sweep import apply_overrides, read_yaml
+    from study.spec.yaml_io import apply_overrides, read_yaml
 
     path = Path(path)
     data, lines = read_yaml(path)
@@ -298,7 +297,8 @@ def load_scaling_study(path: str | Path, assignments: list[str] | None = None, *
 def resolve(data: dict[str, Any], *, source: Path | None = None, lines: dict[tuple, int] | None = None,
             overridden: set[tuple] | None = None, check_machine: bool = True) -> ScalingStudy:
     """Check every section and every cell against its model's constraints; all errors at once."""
-    from study.spec.sweep import ConfigErrors, StudyConfigError, resolve_dataset
+    from study.spec.sweep import resolve_dataset
+    from study.spec.yaml_io import ConfigErrors, StudyConfigError
 
     errors = ConfigErrors(source, lines or {}, overridden or set())
     for key in data:
@@ -597,7 +597,7 @@ def _resolve_resources(data: dict, errors: ConfigErrors, check_machine: bool) ->
 
 def check_data(study: ScalingStudy, num_users: int, dataset_items: int) -> None:
     """Checks that need the prepared dataset: enough distinct users per batch, a catalogue that holds its ids."""
-    from study.spec.sweep import ConfigErrors, StudyConfigError, read_yaml
+    from study.spec.yaml_io import ConfigErrors, StudyConfigError, read_yaml
 
     errors = ConfigErrors(study.source, {}, set())
     if study.source is not None:

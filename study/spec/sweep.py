@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,17 @@ import yaml
 import models
 from models import ConfigError
 from study.errors import UserError
+from study.spec.yaml_io import (
+    NAME_PATTERN,
+    ConfigErrors,
+    StudyConfigError,
+    apply_overrides,
+    check_keys,
+    read_section,
+    read_yaml,
+    typed,
+    yaml_number,
+)
 from study.storage import resolve_storage
 from study.train.config import METRIC_KS, TRAIN_FIELDS, TrainConfig, coerce, field_type, split_settings
 from study.train.metrics import METRIC_NAMES
@@ -44,7 +54,6 @@ MEASURED_OBJECTIVES = ("peak_mem_mb", "infer_ms_p50", "infer_ms_p95")  # need me
 VALID_METRICS = tuple(f"valid_{name}@{k}" for name in METRIC_NAMES for k in METRIC_KS)
 MAX_CHECKED_POINTS = 4096  # beyond this many search combinations, check one key at a time
 MAX_BUILT_MODELS = 32  # models built to check the training objective, after de-duplicating their configs
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 # Settings that one study may give in two places; a --set of either wins over the file.
 ALIASES = {("budget", "max_epochs"): ("fixed", "max_epochs"), ("seeds", "train"): ("fixed", "seed")}
@@ -70,17 +79,6 @@ study YAML (docs/sweep.md has the full reference):
   seeds: {sampler: 0, train: 0}
   storage: null                     # default results/<name>/; a URI (s3://bucket/prefix, gs://…) is mirrored
 override any field with --set section.key=value (dotted; values are YAML: --set search.lr={choice: [0.001]})"""
-
-
-class StudyConfigError(UserError):
-    """Every problem of a study file; ``errors`` holds one ``"where: message"`` string per problem."""
-
-    def __init__(self, errors: list[str]):
-        self.errors = errors
-        super().__init__("; ".join(errors))
-
-    def lines(self) -> list[str]:
-        return list(self.errors)
 
 
 @dataclass
@@ -185,89 +183,6 @@ class Study:
         return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None, width=120)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Reading: YAML with line numbers, then --set overrides
-
-
-def _line_map(node: yaml.Node, path: tuple = (), lines: dict | None = None,
-              duplicates: list | None = None) -> tuple[dict[tuple, int], list[tuple[tuple, int]]]:
-    """Line number (1-based) of every mapping key and list item, and the keys given twice.
-
-    PyYAML silently keeps the last of two equal keys; a study file that says ``lr`` twice is a mistake.
-    """
-    lines = {} if lines is None else lines
-    duplicates = [] if duplicates is None else duplicates
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            child = path + (str(key_node.value),)
-            if child in lines:
-                duplicates.append((child, key_node.start_mark.line + 1))
-            lines[child] = key_node.start_mark.line + 1
-            _line_map(value_node, child, lines, duplicates)
-    elif isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            child = path + (index,)
-            lines[child] = item.start_mark.line + 1
-            _line_map(item, child, lines, duplicates)
-    return lines, duplicates
-
-
-def read_yaml(path: Path) -> tuple[dict[str, Any], dict[tuple, int]]:
-    """Parse ``path``; a syntax error names the line and column, and duplicate keys are errors."""
-    try:
-        text = path.read_text()
-    except OSError as error:
-        raise UserError(f"{path}: cannot read the study file ({error.strerror or error})") from None
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-        context = getattr(error, "context", None)
-        raise StudyConfigError([f"{where}: malformed YAML: {problem}" + (f" ({context})" if context else "")]) from None
-    if data is None:
-        raise StudyConfigError([f"{path}: the study file is empty"])
-    if not isinstance(data, dict):
-        raise StudyConfigError([f"{path}:1: the study file must be a mapping of sections, got {type(data).__name__}"])
-    lines, duplicates = _line_map(node)
-    if duplicates:
-        raise StudyConfigError([f"{path}:{line}: {'.'.join(map(str, key))}: given twice" for key, line in duplicates])
-    return data, lines
-
-
-def apply_overrides(data: dict[str, Any], assignments: list[str]) -> set[tuple[str, ...]]:
-    """Apply ``--set a.b.c=value`` in place (values parsed as YAML); returns the overridden paths."""
-    overridden = set()
-    errors = []
-    for assignment in assignments:
-        dotted, sep, text = assignment.partition("=")
-        path = tuple(part.strip() for part in dotted.split("."))
-        if not sep or not all(path):
-            errors.append(f"--set {assignment}: expected section.key=value, e.g. budget.num_samples=2")
-            continue
-        try:
-            value = yaml.safe_load(text) if text.strip() else None
-        except yaml.YAMLError as error:
-            errors.append(f"--set {assignment}: the value is not valid YAML ({str(error).splitlines()[0]})")
-            continue
-        target = data
-        for depth, part in enumerate(path[:-1]):
-            if target.get(part) is None:
-                target[part] = {}
-            if not isinstance(target[part], dict):
-                errors.append(f"--set {assignment}: {'.'.join(path[:depth + 1])} is not a section")
-                break
-            target = target[part]
-        else:
-            target[path[-1]] = value
-            overridden.add(path)
-    if errors:
-        raise StudyConfigError(errors)
-    return overridden
-
-
 def load_study(path: str | Path, assignments: list[str] | None = None, *, check_machine: bool = True) -> Study:
     """Read, override and validate a study file; raises :class:`StudyConfigError` listing every problem."""
     path = Path(path)
@@ -278,90 +193,6 @@ def load_study(path: str | Path, assignments: list[str] | None = None, *, check_
 
 # ---------------------------------------------------------------------------------------------------------------
 # Validation
-
-
-class ConfigErrors:
-    """Collects ``where: message`` lines; ``where`` is ``file:line: dotted.key`` or ``--set dotted.key``."""
-
-    def __init__(self, source: Path | None, lines: dict[tuple, int], overridden: set[tuple]):
-        self.source, self.lines, self.overridden, self.items = source, lines, overridden, []
-        self.alias: dict[tuple, tuple] = {}
-
-    def where(self, *path: Any) -> str:
-        path = self.alias.get(tuple(path[:2]), tuple(path[:2])) + tuple(path[2:])
-        dotted = ""
-        for part in path:  # models[1].config.hidden_size: list positions as indices
-            dotted += f"[{part}]" if isinstance(part, int) else (f".{part}" if dotted else str(part))
-        for depth in range(len(path), 0, -1):
-            if tuple(path[:depth]) in self.overridden:
-                return f"--set {dotted}"
-        name = str(self.source) if self.source else "<study>"
-        for depth in range(len(path), 0, -1):
-            line = self.lines.get(tuple(path[:depth]))
-            if line is not None:
-                return f"{name}:{line}: {dotted}"
-        return f"{name}: {dotted}"
-
-    def add(self, path: tuple, message: str) -> None:
-        entry = f"{self.where(*path)}: {message}"
-        if entry not in self.items:
-            self.items.append(entry)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _number(value: Any) -> float | int | None:
-    """A YAML number, also from strings: PyYAML reads ``1e-3`` (no dot) as a string."""
-    if _is_number(value):
-        return value
-    if isinstance(value, str):
-        try:
-            number = float(value)
-        except ValueError:
-            return None
-        return int(number) if re.fullmatch(r"[+-]?\d+", value.strip()) else number
-    return None
-
-
-def _section(data: dict, name: str, errors: ConfigErrors, default: dict | None = None) -> dict:
-    value = data.get(name)
-    if value is None:
-        return dict(default or {})
-    if not isinstance(value, dict):
-        errors.add((name,), f"must be a mapping, got {type(value).__name__} {value!r}")
-        return dict(default or {})
-    return dict(value)
-
-
-def _check_keys(section: dict, name: str, allowed: dict[str, Any] | tuple, errors: ConfigErrors) -> None:
-    for key in section:
-        if key not in allowed:
-            errors.add((name, key), f"unknown key; {name} takes {', '.join(allowed)}")
-
-
-def _typed(section: dict, name: str, key: str, kind: type | tuple, errors: ConfigErrors, default: Any) -> Any:
-    """Read ``section[key]`` as ``kind`` (numbers may come as strings), or report and return the default."""
-    if key not in section or section[key] is None:
-        return default
-    value = section[key]
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if bool in kinds and isinstance(value, bool):
-        return value
-    if (int in kinds or float in kinds) and not isinstance(value, bool):
-        number = _number(value)
-        if number is not None:
-            if int in kinds and float not in kinds:
-                if float(number).is_integer():
-                    return int(number)
-            else:
-                return float(number) if float in kinds and int not in kinds else number
-    if str in kinds and isinstance(value, str):
-        return value
-    names = " or ".join(k.__name__ for k in kinds)
-    errors.add((name, key), f"expected {names}, got {type(value).__name__} {value!r}")
-    return default
 
 
 def _key_type(model: str, key: str) -> type:
@@ -382,11 +213,11 @@ def resolve_dataset(data: dict, errors: ConfigErrors, source: Path | None) -> di
     if isinstance(data.get("dataset"), str):  # `dataset: lastfm` is a natural shorthand
         section = {"name": data["dataset"]}
     else:
-        section = _section(data, "dataset", errors, {"name": "ml-100k"})
+        section = read_section(data, "dataset", errors, {"name": "ml-100k"})
     allowed = ("name", "source", "kcore", "options")
-    _check_keys(section, "dataset", allowed, errors)
-    name = _typed(section, "dataset", "name", str, errors, "ml-100k")
-    kcore = _typed(section, "dataset", "kcore", int, errors, None)
+    check_keys(section, "dataset", allowed, errors)
+    name = typed(section, "dataset", "name", str, errors, "ml-100k")
+    kcore = typed(section, "dataset", "kcore", int, errors, None)
     options = section.get("options") or {}
     if not isinstance(options, dict):
         errors.add(("dataset", "options"), f"must be a mapping of recipe options, got {options!r}")
@@ -455,11 +286,11 @@ def _resolve_param(model: str, key: str, spec: Any, errors: ConfigErrors) -> Sea
         if len(set(map(repr, values))) != len(values):
             errors.add(path + (kind,), f"repeats a value: {body!r}")
         return SearchParam(key, kind, values=values)
-    if not isinstance(body, list) or len(body) != 2 or any(_number(v) is None for v in body):
+    if not isinstance(body, list) or len(body) != 2 or any(yaml_number(v) is None for v in body):
         errors.add(path + (kind,), f"expected [low, high] numbers, got {body!r}")
         return None
-    low, high = (_number(v) for v in body)
-    step = _number(spec["step"]) if "step" in spec else None
+    low, high = (yaml_number(v) for v in body)
+    step = yaml_number(spec["step"]) if "step" in spec else None
     log = spec.get("log", False)
     if "step" in spec and (step is None or step <= 0):
         errors.add(path + ("step",), f"must be a positive number, got {spec['step']!r}")
@@ -549,11 +380,11 @@ def resolve(data: dict[str, Any], *, source: Path | None = None, lines: dict[tup
         model = None
     dataset = resolve_dataset(data, errors, source)
 
-    protocol = _section(data, "protocol", errors)
-    fixed = _section(data, "fixed", errors)
-    search_spec = _section(data, "search", errors)
-    budget_in = _section(data, "budget", errors)
-    seeds_in = _section(data, "seeds", errors)
+    protocol = read_section(data, "protocol", errors)
+    fixed = read_section(data, "fixed", errors)
+    search_spec = read_section(data, "search", errors)
+    budget_in = read_section(data, "budget", errors)
+    seeds_in = read_section(data, "seeds", errors)
 
     # Settings given in two places (budget.max_epochs / fixed.max_epochs, seeds.train / fixed.seed).
     for (section_a, key_a), (section_b, key_b) in ALIASES.items():
@@ -625,13 +456,13 @@ def resolve(data: dict[str, Any], *, source: Path | None = None, lines: dict[tup
 
     objectives = _resolve_objectives(data, errors)
 
-    _check_keys(budget_in, "budget", ("num_samples", "max_epochs", "time_budget_s"), errors)
+    check_keys(budget_in, "budget", ("num_samples", "max_epochs", "time_budget_s"), errors)
     grid_size = math.prod(len(p.values) for p in search.values()) if kinds == {"grid"} else 0
     default_epochs = TrainConfig.max_epochs
     budget = {
-        "num_samples": _typed(budget_in, "budget", "num_samples", int, errors, grid_size or 10),
-        "max_epochs": _typed(budget_in, "budget", "max_epochs", int, errors, default_epochs),
-        "time_budget_s": _typed(budget_in, "budget", "time_budget_s", (int, float), errors, 0),
+        "num_samples": typed(budget_in, "budget", "num_samples", int, errors, grid_size or 10),
+        "max_epochs": typed(budget_in, "budget", "max_epochs", int, errors, default_epochs),
+        "time_budget_s": typed(budget_in, "budget", "time_budget_s", (int, float), errors, 0),
     }
     if budget["num_samples"] < 1:
         errors.add(("budget", "num_samples"), f"must be >= 1, got {budget['num_samples']}")
@@ -643,9 +474,9 @@ def resolve(data: dict[str, Any], *, source: Path | None = None, lines: dict[tup
     if budget["time_budget_s"] < 0:
         errors.add(("budget", "time_budget_s"), f"must be >= 0 (0 = no limit), got {budget['time_budget_s']}")
 
-    _check_keys(seeds_in, "seeds", ("sampler", "train"), errors)
-    seeds = {"sampler": _typed(seeds_in, "seeds", "sampler", int, errors, 0),
-             "train": _typed(seeds_in, "seeds", "train", int, errors, TrainConfig.seed)}
+    check_keys(seeds_in, "seeds", ("sampler", "train"), errors)
+    seeds = {"sampler": typed(seeds_in, "seeds", "sampler", int, errors, 0),
+             "train": typed(seeds_in, "seeds", "train", int, errors, TrainConfig.seed)}
     if "train" in seeds_in and "seed" in search:
         errors.add(("seeds", "train"), "seed is searched; drop seeds.train")
 
@@ -686,7 +517,7 @@ def _resolve_scheduler(data: dict, objectives: dict[str, str], budget: dict, err
     if not isinstance(raw, dict):
         errors.add(("scheduler",), f"expected a mapping, none, or asha; got {raw!r}")
         return None
-    _check_keys(raw, "scheduler", ("type", "metric", "mode", "grace_period", "reduction_factor"), errors)
+    check_keys(raw, "scheduler", ("type", "metric", "mode", "grace_period", "reduction_factor"), errors)
     kind = raw.get("type", "asha")
     if kind in (None, "none"):
         return None
@@ -702,8 +533,8 @@ def _resolve_scheduler(data: dict, objectives: dict[str, str], budget: dict, err
         errors.add(("scheduler", "mode"), f"must be max or min, got {mode!r}")
     elif metric in objectives and objectives[metric] != mode:
         errors.add(("scheduler", "mode"), f"{mode} contradicts objectives.{metric}: {objectives[metric]}")
-    grace = _typed(raw, "scheduler", "grace_period", int, errors, 1)
-    factor = _typed(raw, "scheduler", "reduction_factor", (int, float), errors, 2)
+    grace = typed(raw, "scheduler", "grace_period", int, errors, 1)
+    factor = typed(raw, "scheduler", "reduction_factor", (int, float), errors, 2)
     if grace < 1:
         errors.add(("scheduler", "grace_period"), f"must be >= 1 epoch, got {grace}")
     elif grace > budget["max_epochs"]:
@@ -724,14 +555,14 @@ def _machine_resources() -> tuple[float, float]:
 
 
 def _resolve_resources(data: dict, errors: ConfigErrors, check_machine: bool) -> dict[str, Any]:
-    raw = _section(data, "resources", errors)
-    _check_keys(raw, "resources", ("cpu", "gpu", "workers_per_trial", "max_concurrent"), errors)
-    cpu = _typed(raw, "resources", "cpu", (int, float), errors, 1)
-    gpu = _typed(raw, "resources", "gpu", (int, float), errors, 0)
-    workers = _typed(raw, "resources", "workers_per_trial", int, errors, 1)
+    raw = read_section(data, "resources", errors)
+    check_keys(raw, "resources", ("cpu", "gpu", "workers_per_trial", "max_concurrent"), errors)
+    cpu = typed(raw, "resources", "cpu", (int, float), errors, 1)
+    gpu = typed(raw, "resources", "gpu", (int, float), errors, 0)
+    workers = typed(raw, "resources", "workers_per_trial", int, errors, 1)
     concurrent = raw.get("max_concurrent", "auto")
     if concurrent != "auto":
-        concurrent = _typed(raw, "resources", "max_concurrent", int, errors, "auto")
+        concurrent = typed(raw, "resources", "max_concurrent", int, errors, "auto")
         if concurrent != "auto" and concurrent < 1:
             errors.add(("resources", "max_concurrent"), f"must be >= 1 or auto, got {concurrent}")
     if cpu <= 0:

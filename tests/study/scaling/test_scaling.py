@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 import models
-from study import scaling
+from study.scaling import core as scaling
 from study.data import load_prepared
-from study.spec.sweep import StudyConfigError
+from study.spec.yaml_io import StudyConfigError
 
 REPO = Path(__file__).resolve().parents[3]
 

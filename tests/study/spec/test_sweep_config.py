@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 import models
-from study.spec.sweep import StudyConfigError, load_study
+from study.spec.sweep import load_study
+from study.spec.yaml_io import StudyConfigError
 from study.sweep import main
 
 REPO = Path(__file__).resolve().parents[3]
