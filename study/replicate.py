@@ -35,9 +35,7 @@ import pandas as pd
 
 from study.analysis import pareto
 from study.analysis.document import (
-    REPLICATES_FILE,
     SEED_KEYS,
-    STUDY_FILE,
     aggregate,
     assign_labels,
     check_metrics,
@@ -49,12 +47,10 @@ from study.analysis.document import (
     parse_config,
     selection_metric,
 )
+from study.analysis.runs import PLAN_FILE, RECORDS_DIR, REPLICATES_DIR, REPLICATES_FILE, STUDY_FILE
 from study.cluster import add_address_argument
 from study.errors import UserError, print_error
 from study.storage import Mirror, local_copy
-
-REPLICATES_DIR = "replicates"
-PLAN_FILE = "plan.json"
 
 
 def parse_select(text: str) -> tuple[str, int]:
@@ -89,7 +85,7 @@ def select_configurations(path: str | Path, select: str, objectives: dict[str, s
 
 def _trial_point(results_path: Path, trials: pd.DataFrame, trial_id: str, searched: list[str]) -> dict[str, Any]:
     """The config Tune gave the source trial (its searched values), from its record, else from its row."""
-    record_path = results_path / "trials" / f"{trial_id}.json"
+    record_path = results_path / RECORDS_DIR / f"{trial_id}.json"
     if record_path.is_file():
         try:
             return dict(json.loads(record_path.read_text()).get("config") or {})

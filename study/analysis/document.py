@@ -47,20 +47,17 @@ import pandas as pd
 import yaml
 
 from study.analysis import pareto, significance
+from study.analysis.runs import ENVIRONMENT_FILE, REPLICATES_FILE, STUDY_FILE, TRIALS_FILE
 from study.errors import UserError, print_error
 from study.storage import local_copy
+from study.train.results import EFFICIENCY_METRICS
 
-TRIALS_FILE = "trials.parquet"
-REPLICATES_FILE = "replicates.parquet"
-STUDY_FILE = "study.yaml"
-ENVIRONMENT_FILE = "environment.json"
 REPORT_DIR = "report"
 
 TABLE_METRICS = tuple(f"test_{name}@{k}" for k in (10, 20) for name in ("hr", "ndcg", "mrr"))
-EFFICIENCY = ("params", "peak_mem_mb", "infer_ms_p50", "infer_ms_p95", "train_throughput", "epoch_time_s")
 # What makes metrics comparable across studies: the same data and the same ranking protocol. The training
 # objective is not here: it is each model's own choice (SASRec's causal loss, BERT4Rec's cloze ...).
-PROTOCOL_KEYS = ("dataset", "dataset_hash", "eval_mode", "num_negatives", "negative_sampler", "mask_history")
+COMPARABILITY_KEYS = ("dataset", "dataset_hash", "eval_mode", "num_negatives", "negative_sampler", "mask_history")
 SEED_KEYS = ("seed",)
 MAX_FACET_KEYS = 6
 DEFAULT_REFERENCE_MODEL = "sasrec"
@@ -210,19 +207,19 @@ def check_metrics(runs: pd.DataFrame, metrics: Iterable[str], what: str) -> None
     """Every metric must be a column with values in every study; otherwise one clear error."""
     for metric in metrics:
         if metric not in runs:
-            known = sorted(c for c in runs.columns if c.startswith(("valid_", "test_")) or c in EFFICIENCY)
+            known = sorted(c for c in runs.columns if c.startswith(("valid_", "test_")) or c in EFFICIENCY_METRICS)
             raise UserError(f"{what} {metric!r} is not in the results; known: {', '.join(known)}")
         empty = [str(study) for study, values in runs.groupby("study", sort=False)[metric]
                  if pd.to_numeric(values, errors="coerce").isna().all()]
         if empty:
-            hint = " (efficiency figures need measure_efficiency: true)" if metric in EFFICIENCY else ""
+            hint = " (efficiency figures need measure_efficiency: true)" if metric in EFFICIENCY_METRICS else ""
             raise UserError(f"{what} {metric!r} has no values in study {', '.join(empty)}{hint}")
 
 
 def check_protocols(runs: pd.DataFrame, allow_mixed: bool) -> list[str]:
     """Differences in data or ranking protocol between the studies: an error, or (allowed) warnings."""
     problems = []
-    for key in PROTOCOL_KEYS:
+    for key in COMPARABILITY_KEYS:
         if key not in runs:
             continue
         values = runs[key].astype(str)
@@ -239,7 +236,7 @@ def check_protocols(runs: pd.DataFrame, allow_mixed: bool) -> list[str]:
 def efficiency_differences(runs: pd.DataFrame, objectives: dict[str, str]) -> list[str]:
     """Efficiency objectives measured on different devices or by different methods do not compare."""
     notes = []
-    checks = [("device", any(m in EFFICIENCY for m in objectives))]
+    checks = [("device", any(m in EFFICIENCY_METRICS for m in objectives))]
     checks.append(("peak_mem_method", "peak_mem_mb" in objectives))
     for column, relevant in checks:
         if relevant and column in runs:
@@ -250,7 +247,8 @@ def efficiency_differences(runs: pd.DataFrame, objectives: dict[str, str]) -> li
 
 
 def metric_columns(runs: pd.DataFrame) -> list[str]:
-    columns = [c for c in runs.columns if c.startswith(("valid_", "test_")) or c in EFFICIENCY or c == "pop_ndcg@10"]
+    columns = [c for c in runs.columns
+               if c.startswith(("valid_", "test_")) or c in EFFICIENCY_METRICS or c == "pop_ndcg@10"]
     return [c for c in columns if pd.api.types.is_numeric_dtype(runs[c])]
 
 
@@ -974,7 +972,7 @@ def compose(*, studies: list[StudyResults], runs: pd.DataFrame, options: ReportO
         doc.bullets(table_notes)
     selected = tables["selected"]
     doc.para("Chosen configurations:")
-    shown = ["label", "name", "config_id", "source", "n_seeds", "seeds", select, *EFFICIENCY[:3]]
+    shown = ["label", "name", "config_id", "source", "n_seeds", "seeds", select, *EFFICIENCY_METRICS[:3]]
     keys = list(dict.fromkeys(k for s in studies for k in s.searched))
     doc.table(_formatted(selected[[c for c in shown + keys if c in selected]], plain=keys))
 

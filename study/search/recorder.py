@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import io
 import json
-import math
 import os
 import tempfile
 from collections.abc import Callable
@@ -25,8 +24,9 @@ from typing import Any
 import pandas as pd
 
 from study.analysis import pareto
+from study.analysis.runs import table_paths
 from study.train.config import TrainConfig, split_settings
-from study.train.results import protocol_of
+from study.train.results import json_safe, protocol_of
 
 EPOCH_KEYS = ("epoch", "train_loss", "best_epoch", "epoch_time_s", "throughput", "wall_time_s")
 STATUS_OK, STATUS_FAILED = "ok", "failed"
@@ -49,19 +49,6 @@ def atomic_write(path: Path, write: Callable[[io.BufferedWriter], None]) -> None
 
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda out: out.write(text.encode()))
-
-
-def clean(value: Any) -> Any:
-    """JSON-safe: NaN/inf → None, numpy scalars → Python."""
-    if isinstance(value, dict):
-        return {str(k): clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [clean(v) for v in value]
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 def is_epoch_key(key: str) -> bool:
@@ -89,7 +76,7 @@ def read_record(records_dir: str | Path, trial_id: str) -> dict[str, Any] | None
 
 
 def write_record(records_dir: Path, record: dict[str, Any]) -> None:
-    atomic_write_text(record_path(records_dir, record["trial_id"]), json.dumps(clean(record), indent=1) + "\n")
+    atomic_write_text(record_path(records_dir, record["trial_id"]), json.dumps(json_safe(record), indent=1) + "\n")
 
 
 def read_records(records_dir: Path) -> dict[str, dict[str, Any]]:
@@ -182,16 +169,11 @@ def build_row(context: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]
         "error": record.get("error", ""),
         "stop_reason": record.get("stop_reason"),
         "extra": last.get("extra_json", "{}"),
-        "config": json.dumps(clean(config), sort_keys=True),
+        "config": json.dumps(json_safe(config), sort_keys=True),
     })
     row.update({f"config.{key}": value for key, value in sorted(config.items())})
     row["optuna_number"] = record.get("optuna_number")
-    return clean(row)
-
-
-def table_paths(out_dir: Path) -> dict[str, Path]:
-    return {"trials": out_dir / "trials.parquet", "trials_csv": out_dir / "trials.csv",
-            "history": out_dir / "history.parquet"}
+    return json_safe(row)
 
 
 def write_tables(out_dir: Path, context: dict[str, Any], records: dict[str, dict[str, Any]]) -> dict[str, Path]:

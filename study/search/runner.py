@@ -48,6 +48,7 @@ from ray.tune import Callback
 from ray.tune.search.optuna import OptunaSearch
 
 import models
+from study.analysis.runs import ENVIRONMENT_FILE, OPTUNA_FILE, RECORDS_DIR, STUDY_FILE, TUNE_DIR, table_paths
 from study.cluster import WORKER_ENV, check_fits, is_client, node_identity, start_ray
 from study.errors import UserError
 from study.search.recorder import (
@@ -55,25 +56,19 @@ from study.search.recorder import (
     STATUS_OK,
     atomic_write_text,
     build_row,
-    clean,
     history_row,
     read_records,
     stop_reason,
     summary,
-    table_paths,
     write_record,
     write_tables,
 )
 from study.spec.sweep import Study
 from study.storage import Mirror
+from study.train.results import json_safe
 from study.train.trainer import TrialData
 
 __all__ = ["WORKER_ENV", "run_study"]  # WORKER_ENV lives in study.cluster; kept importable from here
-TUNE_DIR = "tune"
-OPTUNA_FILE = "optuna.db"
-RECORDS_DIR = "trials"
-STUDY_FILE = "study.yaml"
-ENVIRONMENT_FILE = "environment.json"
 
 
 def tune_key(objective: str) -> str:
@@ -219,7 +214,7 @@ class EpochReporter:
             "train_throughput": throughput,
             # one optimizer step = batch_size sequences (the last batch of an epoch may be smaller)
             "step_time_ms": 1000.0 * self.batch_size / throughput if throughput > 0 else float("nan"),
-            "extra_json": json.dumps(clean(epoch_report.extra)),
+            "extra_json": json.dumps(json_safe(epoch_report.extra)),
             "trial_started_at": self.started,
             "process_started_at": _process_started_at(),
             "trial_compute_s": time.time() - self.started,
@@ -742,7 +737,7 @@ def _write_environment(out: Path) -> None:
             env["previous_sessions"] = previous.pop("previous_sessions", []) + [previous]
         except (OSError, json.JSONDecodeError):
             pass
-    atomic_write_text(path, json.dumps(clean(env), indent=2) + "\n")
+    atomic_write_text(path, json.dumps(json_safe(env), indent=2) + "\n")
 
 
 def _close_orphans(storage_url: str, study_name: str) -> dict[str, int]:

@@ -38,18 +38,17 @@ from study.spec.yaml_io import (
 from study.storage import resolve_storage
 from study.train.config import METRIC_KS, TRAIN_FIELDS, TrainConfig, coerce, field_type, split_settings
 from study.train.metrics import METRIC_NAMES
+from study.train.results import EFFICIENCY_METRICS, PROTOCOL_SETTINGS
 
 SECTIONS = ("name", "model", "dataset", "protocol", "fixed", "search", "objectives", "budget", "scheduler",
             "resources", "sampler", "seeds", "storage")
 REQUIRED = ("name", "model")
 # The evaluation protocol is fixed for a whole study: metrics measured under different protocols are not comparable.
-PROTOCOL_KEYS = ("objective", "eval_mode", "num_negatives", "negative_sampler", "mask_history")
 # How a trial runs, not what it learns: set by the sweep from the resources, never searched.
 EXECUTION_KEYS = ("device", "num_threads", "eval_batch_size", "measure_efficiency")
 DISTRIBUTIONS = ("choice", "grid", "int", "uniform", "loguniform")
 SAMPLERS = ("auto", "tpe", "nsga2", "random", "grid")
 # Efficiency figures a trial measures once before its first epoch and reports with every epoch (see tune_runner).
-EFFICIENCY_OBJECTIVES = ("params", "peak_mem_mb", "infer_ms_p50", "infer_ms_p95", "train_throughput", "epoch_time_s")
 MEASURED_OBJECTIVES = ("peak_mem_mb", "infer_ms_p50", "infer_ms_p95")  # need measure_efficiency
 VALID_METRICS = tuple(f"valid_{name}@{k}" for name in METRIC_NAMES for k in METRIC_KS)
 MAX_CHECKED_POINTS = 4096  # beyond this many search combinations, check one key at a time
@@ -349,10 +348,10 @@ def _resolve_objectives(data: dict, errors: ConfigErrors) -> dict[str, str]:
         if metric.startswith("test_"):
             errors.add(("objectives", metric), "test metrics are recorded for the best-validation epoch but never "
                                                "used for selection; optimise the valid_ metric instead")
-        elif metric not in VALID_METRICS + EFFICIENCY_OBJECTIVES:
+        elif metric not in VALID_METRICS + EFFICIENCY_METRICS:
             ks = ",".join(map(str, METRIC_KS))
             errors.add(("objectives", metric), f"unknown objective; use valid_{{hr,ndcg,mrr}}@{{{ks}}} "
-                                               f"or one of {', '.join(EFFICIENCY_OBJECTIVES)}")
+                                               f"or one of {', '.join(EFFICIENCY_METRICS)}")
         if mode not in ("max", "min"):
             errors.add(("objectives", metric), f"mode must be max or min, got {mode!r}")
         objectives[metric] = mode
@@ -405,17 +404,17 @@ def resolve(data: dict[str, Any], *, source: Path | None = None, lines: dict[tup
     if model is not None:
         known = _known_keys(model)
         for key in protocol:
-            if key not in PROTOCOL_KEYS:
-                errors.add(("protocol", key), f"not a protocol key; protocol takes {', '.join(PROTOCOL_KEYS)}"
+            if key not in PROTOCOL_SETTINGS:
+                errors.add(("protocol", key), f"not a protocol key; protocol takes {', '.join(PROTOCOL_SETTINGS)}"
                            + (" (a trainer or model key goes under fixed:)" if key in known else ""))
         for key in fixed:
-            if key in PROTOCOL_KEYS:
+            if key in PROTOCOL_SETTINGS:
                 errors.add(("fixed", key), "a protocol key; put it under protocol:")
             elif key not in known:
                 errors.add(("fixed", key), f"unknown key for model {model}; known keys: {', '.join(sorted(known))}")
-    protocol = {k: v for k, v in protocol.items() if k in PROTOCOL_KEYS}
+    protocol = {k: v for k, v in protocol.items() if k in PROTOCOL_SETTINGS}
     if model is not None:
-        fixed = {k: v for k, v in fixed.items() if k in _known_keys(model) and k not in PROTOCOL_KEYS}
+        fixed = {k: v for k, v in fixed.items() if k in _known_keys(model) and k not in PROTOCOL_SETTINGS}
         # Type every given value now: a bad one is reported here and left out, so that the combination check
         # below still runs (with the default in its place) and reports its own problems in the same go.
         for section_name, section in (("protocol", protocol), ("fixed", fixed)):
@@ -430,7 +429,7 @@ def resolve(data: dict[str, Any], *, source: Path | None = None, lines: dict[tup
     if model is not None:
         known = _known_keys(model)
         for key, spec in search_spec.items():
-            if key in PROTOCOL_KEYS:
+            if key in PROTOCOL_SETTINGS:
                 errors.add(("search", key), "protocol keys cannot be searched: metrics under different protocols "
                                             "are not comparable; run one study per protocol")
             elif key in EXECUTION_KEYS:
@@ -649,7 +648,7 @@ def _home(study: Study, key: str) -> tuple[str, str]:
     """The section that sets ``key``, where an error about it is reported."""
     if key in study.search:
         return ("search", key)
-    if key in PROTOCOL_KEYS:
+    if key in PROTOCOL_SETTINGS:
         return ("protocol", key)
     if key == "max_epochs":
         return ("budget", "max_epochs")

@@ -23,6 +23,12 @@ import torch
 
 from study.train.config import TrainConfig
 
+# The efficiency figures of every row (measured once per trial, before its first epoch in a sweep).
+EFFICIENCY_METRICS = ("params", "peak_mem_mb", "infer_ms_p50", "infer_ms_p95", "train_throughput", "epoch_time_s")
+# The evaluation-protocol settings a study fixes for all its trials (the ``protocol:`` section of a study file);
+# ``protocol_of`` records them, with the objective that actually ran, in every row.
+PROTOCOL_SETTINGS = ("objective", "eval_mode", "num_negatives", "negative_sampler", "mask_history")
+
 
 def protocol_of(train_cfg: TrainConfig, objective: str) -> dict[str, Any]:
     return {
@@ -74,16 +80,19 @@ def make_result(*, model: str, dataset_meta: dict, objective: str, train_cfg: Tr
     return row
 
 
-def _clean(value: Any) -> Any:
-    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
-        return None
+def json_safe(value: Any) -> Any:
+    """JSON-safe copy: NaN/inf → None, numpy scalars → Python, tuples → lists, keys → strings."""
     if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if hasattr(value, "item"):  # numpy scalars
-        return _clean(value.item())
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
     return value
 
 
 def to_json_line(row: dict) -> str:
     """Strict JSON (NaN → null) on one line."""
-    return json.dumps(_clean(row), allow_nan=False)
+    return json.dumps(json_safe(row), allow_nan=False)

@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 import models
-from study.scaling import core as scaling
 from study.data import load_prepared
+from study.scaling import core as scaling
 from study.spec.yaml_io import StudyConfigError
 
 REPO = Path(__file__).resolve().parents[3]
