@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from study.data.pipeline import cache_dir, list_prepared, prepare
+from study.data.pipeline import FORMAT_VERSION, cache_dir, list_prepared, prepare
 from study.data.recipes import DEFAULT_RECIPE, RECIPES
 from study.errors import UserError
 
@@ -111,8 +111,14 @@ def _cmd_prepare(args: argparse.Namespace) -> None:
     print(_stats_table(path))
 
 
-def _number(value: object) -> str:
-    return f"{value:,}" if isinstance(value, int) else str(value)
+def _source_of(meta: dict) -> str:
+    source = meta.get("source", {})
+    if source.get("generator"):
+        return "generated"
+    if source.get("url"):
+        return f"downloaded from {source['url']}"
+    kept = f" (kept in the cache: {source['kept']})" if source.get("kept") else ""
+    return f"{source.get('path', '?')}{kept}"
 
 
 def _cmd_list() -> None:
@@ -122,15 +128,18 @@ def _cmd_list() -> None:
         origin = "download" if recipe.download else "generated" if recipe.synthetic else "--source"
         print(f"  {name:<{width}}  kcore={recipe.default_kcore}  {origin:<9}  {recipe.description}")
     prepared = list_prepared()
-    print(
-        f"prepared in {cache_dir() / 'prepared'}:" if prepared else f"nothing prepared in {cache_dir()} yet"
-    )
+    if not prepared:
+        print(f"nothing prepared in {cache_dir()} yet")
+        return
+    print(f"prepared in {cache_dir() / 'prepared'} (use them by name: --dataset NAME, dataset: NAME):")
     for path, meta in prepared:
-        fields = ("num_users", "num_items", "num_interactions", "kcore", "max_len")
-        print(f"  {path.name}  " + "  ".join(f"{key}={_number(meta.get(key))}" for key in fields))
-    downloads = sorted((cache_dir() / "downloads").glob("*.zip"))
-    if downloads:
-        print("downloaded: " + ", ".join(p.name for p in downloads))
+        stale = "" if meta.get("format_version") == FORMAT_VERSION else "  [older format: prepare again]"
+        print(f"  {meta.get('name', path.name)}  {path.name}{stale}")
+        print(f"      {meta.get('num_users', 0):,} users, {meta.get('num_items', 0):,} items, "
+              f"{meta.get('num_interactions', 0):,} interactions, mean length "
+              f"{meta.get('length', {}).get('mean', float('nan')):.1f}, kcore {meta.get('kcore')}, "
+              f"windows of {meta.get('max_len')} + 1, prepared {meta.get('created', '?')}")
+        print(f"      source: {_source_of(meta)}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -17,9 +17,16 @@ Processing, in order:
    rest is training.
 
 The result goes to ``<cache>/prepared/<name>-<hash12>/`` where ``hash12`` starts the sha256 of the source
-checksum(s), the recipe name, every option and :data:`FORMAT_VERSION`; an existing directory is reused as is.
-It is written to a temporary directory beside it and renamed into place, so a directory under its final name
-is always complete (and concurrent trials that prepare the same dataset cannot corrupt each other).
+checksum(s), the recipe name, the filter and split options and :data:`FORMAT_VERSION`: the dataset's identity,
+recorded as ``content_hash`` in meta.json and as ``dataset_hash`` in every result row. The window length is not
+part of it: it is a model setting. The stored windows hold ``max_len + 1`` items for the longest ``max_len`` asked
+so far; a longer request widens them in place from the stored sequences, without the source.
+A new directory is written to a temporary directory beside it and renamed into place, so a directory under its
+final name is always complete (and concurrent trials that prepare the same dataset cannot corrupt each other).
+
+A prepared dataset is addressable by name: ``prepare(name)`` without a source reuses the prepared copy of that
+recipe (or re-reads its recorded source for another k-core), so an offline user gives ``--source`` once. A source
+given for a downloadable recipe is kept in the cache (``<cache>/sources/``) like a download.
 """
 
 from __future__ import annotations
@@ -49,7 +56,7 @@ from study.data.recipes import Counts, Recipe, get_recipe
 from study.errors import UserError
 
 # Bump whenever the processing or the file layout changes: old prepared directories are then not reused.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the identity hash leaves out max_len; sources of downloadable recipes are kept
 MIN_INTERACTIONS = 3  # leave-one-out needs one training, one validation and one test item
 CACHE_ENV = "SEQREC_DATA"
 SPLIT = "leave-one-out"
@@ -62,6 +69,10 @@ def cache_dir() -> Path:
 
 def prepared_root() -> Path:
     return cache_dir() / "prepared"
+
+
+def kept_sources_root() -> Path:
+    return cache_dir() / "sources"
 
 
 def _say(progress: bool, message: str) -> None:
@@ -344,6 +355,95 @@ def length_stats(lengths: np.ndarray) -> dict[str, float | int]:
     }
 
 
+@dataclass
+class PreparedCopy:
+    """A prepared directory that matches a request made by name, and a readable copy of its source (or None)."""
+
+    path: Path
+    source: Path | None
+
+
+def _identity(meta: dict) -> dict:
+    """The identity settings recorded in a prepared copy's meta.json (everything but the name and window length)."""
+    return {key: value for key, value in meta.get("recipe", {}).items() if key not in ("name", "max_len")}
+
+
+def _readable_source(meta: dict) -> Path | None:
+    """A copy of the source a prepared directory was made from that still exists: the kept one, else the original."""
+    source = meta.get("source", {})
+    for key in ("kept", "path"):
+        if source.get(key) and Path(source[key]).exists():
+            return Path(source[key])
+    return None
+
+
+def known_source(name: str, settings: dict[str, Any]) -> PreparedCopy | Path | None:
+    """What ``prepare(name)`` without a source should use: a prepared copy with these settings, else the one source
+    this name was prepared from (to re-read it with other settings), else None (download, or ask for --source).
+
+    Two different sources prepared under one name are ambiguous: a clear error lists them.
+    """
+    copies = [(path, meta) for path, meta in list_prepared()
+              if meta.get("name") == name and meta.get("format_version") == FORMAT_VERSION]
+    by_source: dict[str, list[tuple[Path, dict]]] = {}
+    for path, meta in copies:
+        by_source.setdefault(str(meta.get("source", {}).get("sha256")), []).append((path, meta))
+    if len(by_source) > 1:
+        described = "; ".join(f"{_describe_source(group[0][1])} (prepared {group[0][1].get('created', '?')})"
+                              for group in by_source.values())
+        raise UserError(f"dataset '{name}' is prepared from {len(by_source)} different sources: {described}. "
+                        f"Choose one with --source PATH (dataset.source in a study file), or remove the copies "
+                        f"you do not want from {prepared_root()} (python -m study.data list shows them)")
+    if not by_source:
+        return None
+    (group,) = by_source.values()
+    for path, meta in group:
+        if _identity(meta) == settings:
+            return PreparedCopy(path, _readable_source(meta))
+    readable = [source for _, meta in group if (source := _readable_source(meta)) is not None]
+    return readable[0] if readable else None
+
+
+def _describe_source(meta: dict) -> str:
+    source = meta.get("source", {})
+    return source.get("url") or source.get("path") or source.get("generator") or "unknown source"
+
+
+def _keep_source(name: str, located: Source, info: dict) -> Path:
+    """Copy the source of a downloadable recipe into the cache, so later runs need neither it nor the network."""
+    original = Path(located.archive if isinstance(located, ZipMember) else located)
+    kept = kept_sources_root() / name / info["sha256"][:12] / original.name
+    if not kept.is_file():
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        partial = kept.with_name(f".{kept.name}.partial")
+        shutil.copyfile(original, partial)
+        os.replace(partial, kept)
+    return kept
+
+
+def _reuse(path: Path, max_len: int, *, progress: bool) -> Path:
+    """Reuse a prepared directory, widening its stored windows first when ``max_len`` asks for more."""
+    meta = json.loads((path / "meta.json").read_text())
+    if int(meta["max_len"]) >= max_len:
+        _say(progress, f"reusing {path}")
+        return path
+    _say(progress, f"widening the windows of {path} to {max_len} + 1 items")
+    table = pq.read_table(path / "sequences.parquet", columns=["user", "raw_user", "items"])
+    items = table.column("items").combine_chunks()
+    seqs = Sequences(raw_users=np.asarray(table.column("raw_user").to_pylist(), dtype=str),
+                     indptr=np.asarray(items.offsets, dtype=np.int64),
+                     items=np.asarray(items.values, dtype=np.int32), num_items=int(meta["num_items"]),
+                     raw=Counts(**meta["raw"]), dropped_short_users=int(meta.get("dropped_short_users", 0)))
+    partial = path / f".sequences.parquet.tmp-{os.getpid()}"
+    pq.write_table(sequences_table(seqs, max_len), partial, compression="zstd")
+    os.replace(partial, path / "sequences.parquet")  # readers that opened the old file keep reading it
+    meta["max_len"] = max_len
+    partial_meta = path / f".meta.json.tmp-{os.getpid()}"
+    partial_meta.write_text(json.dumps(meta, indent=2) + "\n")
+    os.replace(partial_meta, path / "meta.json")
+    return path
+
+
 def prepare(
     name: str,
     *,
@@ -368,7 +468,7 @@ def prepare(
     if isinstance(k, bool) or not isinstance(k, int) or k < 0:
         raise UserError(f"kcore must be a non-negative integer, got {k!r}")
     resolved = recipe.resolve_options(options)
-    settings = {"max_len": max_len, "kcore": k, **resolved}
+    settings = {"kcore": k, **resolved}  # the dataset's identity: data, filter and split, never the window length
 
     if recipe.synthetic:
         if source is not None:
@@ -376,13 +476,19 @@ def prepare(
         settings["generator_version"] = synthetic.GENERATOR_VERSION
         located, info, checksums = None, {"generator": "study.data.synthetic"}, []
     else:
+        if source is None:
+            known = known_source(name, settings)
+            if isinstance(known, PreparedCopy) and not force:
+                return _reuse(known.path, max_len, progress=progress)
+            source = known.source if isinstance(known, PreparedCopy) else known
         located, info = _resolve_source(recipe, source, progress)
         checksums = [info["sha256"]]
     digest = content_hash(name, settings, checksums)
     final = prepared_root() / f"{name}-{digest[:12]}"
     if not force and (final / "meta.json").is_file():
-        _say(progress, f"reusing {final}")
-        return final
+        return _reuse(final, max_len, progress=progress)
+    if not recipe.synthetic and recipe.download is not None and "url" not in info:
+        info["kept"] = str(_keep_source(name, located, info))
 
     _say(progress, f"reading {info.get('file', 'synthetic generator')}")
     if recipe.synthetic:
@@ -417,7 +523,7 @@ def prepare(
         "verified": verified,
         "source": info,
         "kcore": k,
-        "max_len": max_len,
+        "max_len": max_len,  # the stored windows' length - 1 (widened in place when a model asks for more)
         "split": SPLIT,
         "dropped_short_users": seqs.dropped_short_users,
         "notes": notes,

@@ -36,11 +36,9 @@ def test_second_call_reuses_without_work(
 
 def test_options_and_content_change_the_hash(lastfm: Path, data_cache: Path, tmp_path: Path) -> None:
     base = prepare("lastfm", source=lastfm, progress=False)
-    other_len = prepare("lastfm", source=lastfm, max_len=50, progress=False)
     other_k = prepare("lastfm", source=lastfm, kcore=2, progress=False)
-    assert len({base, other_len, other_k}) == 3
-    assert all(p.name.startswith("lastfm-") and len(p.name) == len("lastfm-") + 12 for p in (base, other_len))
-    assert load_prepared(other_len).train.shape == (1_090, 51)
+    assert base != other_k
+    assert all(p.name.startswith("lastfm-") and len(p.name) == len("lastfm-") + 12 for p in (base, other_k))
 
     # the same content at another path is the same dataset; changed content is a new one
     copy = tmp_path / "LastFM.txt"
@@ -50,6 +48,46 @@ def test_options_and_content_change_the_hash(lastfm: Path, data_cache: Path, tmp
     copy.write_text("\n".join(lines[:-1]) + "\n")
     changed = prepare("lastfm", source=copy, progress=False)
     assert changed != base and load_prepared(changed).meta["num_users"] == 1_089
+
+
+def test_window_length_is_not_part_of_the_identity(lastfm: Path, data_cache: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """max_len is a model setting: every length shares one dataset (one hash), whose windows widen on demand."""
+    short = prepare("lastfm", source=lastfm, max_len=50, progress=False)
+    narrow = load_prepared(short)
+    assert narrow.train.shape == (1_090, 51)
+
+    def no_source_read(*args: object, **kwargs: object) -> None:
+        raise AssertionError("widening must not re-read the source")
+
+    monkeypatch.setattr(pipeline, "build_sequences", no_source_read)
+    wide = prepare("lastfm", source=lastfm, max_len=120, progress=False)
+    assert wide == short
+    widened = load_prepared(wide)
+    assert widened.train.shape == (1_090, 121) and widened.meta["max_len"] == 120
+    assert widened.meta["content_hash"] == narrow.meta["content_hash"]
+    for split in ("train", "valid", "test"):  # the old windows are the right end of the new ones
+        assert (getattr(widened, split)[:, -51:] == getattr(narrow, split)).all()
+    assert prepare("lastfm", source=lastfm, max_len=30, progress=False) == short  # shorter: reused as is
+    assert load_prepared(short).train.shape == (1_090, 121)
+
+
+def test_prepared_dataset_is_used_by_name(lastfm: Path, data_cache: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "LastFM.txt"
+    copy.write_bytes(lastfm.read_bytes())
+    first = prepare("lastfm", source=copy, progress=False)
+    assert prepare("lastfm", progress=False) == first  # no --source: the prepared copy
+    # another k-core re-reads the source recorded for that name
+    k2 = prepare("lastfm", kcore=2, progress=False)
+    assert k2 != first and load_prepared(k2).meta["source"]["path"] == str(copy.resolve())
+    # a second, different source under the same name is ambiguous without --source
+    lines = copy.read_text().splitlines()
+    other = tmp_path / "LastFM-edited.txt"
+    other.write_text("\n".join(lines[:-1]) + "\n")
+    prepare("lastfm", source=other, progress=False)
+    with pytest.raises(UserError, match=r"dataset 'lastfm' is prepared from 2 different sources: .*--source PATH"):
+        prepare("lastfm", progress=False)
+    assert prepare("lastfm", source=copy, progress=False) == first  # --source chooses
 
 
 def test_force_rebuilds_in_place(lastfm: Path, data_cache: Path) -> None:

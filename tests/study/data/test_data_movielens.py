@@ -317,5 +317,5 @@ def test_output_contract(ml100k: PreparedDataset) -> None:
     assert required <= set(ml100k.meta)
     assert set(ml100k.meta["length"]) == {"mean", "median", "max", "min"}
     assert {"path", "sha256"} <= set(ml100k.meta["source"])
-    assert ml100k.meta["recipe"] == {"name": "ml-100k", "max_len": 200, "kcore": 5}
+    assert ml100k.meta["recipe"] == {"name": "ml-100k", "kcore": 5}  # the window length is no part of it
     assert ml100k.train.flags.writeable and ml100k.history_indices.dtype == np.int32
