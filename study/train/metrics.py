@@ -7,6 +7,12 @@ users in Python.
 
 Ties are broken by the expected rank under a random order (``1 + #higher + #tied / 2``), so a model
 that scores everything equally is not rewarded with rank 1.
+
+Non-finite scores rank last. Every comparison with NaN is false, so a NaN target would otherwise get rank 0.5
+(HR = 1, NDCG > 1): a model whose weights blew up would look perfect. A target whose score is NaN or ±inf gets the
+worst rank (the number of candidates), and any other candidate's non-finite score counts as below every finite
+one. :func:`evaluate` also reports how many users got a non-finite target score, so the trainer can fail the
+trial instead of selecting such an epoch.
 """
 
 from __future__ import annotations
@@ -34,10 +40,17 @@ def metrics_from_ranks(ranks: torch.Tensor, ks: tuple[int, ...] = METRIC_KS) -> 
 
 
 def rank_of_target(scores: torch.Tensor, target_scores: torch.Tensor) -> torch.Tensor:
-    """Expected 1-based rank of ``target_scores`` (B,) among ``scores`` (B, C) that include it once."""
-    higher = (scores > target_scores[:, None]).sum(1)
-    tied = (scores == target_scores[:, None]).sum(1) - 1
-    return 1.0 + higher + tied / 2.0
+    """Expected 1-based rank of ``target_scores`` (B,) among ``scores`` (B, C) that include it once.
+
+    A non-finite target ranks last (rank C); other non-finite candidates rank below every finite score.
+    Deliberately masked candidates are ``-inf`` and stay below any finite target as before.
+    """
+    finite_target = torch.isfinite(target_scores)
+    others = torch.where(torch.isnan(scores) | (scores == float("inf")), float("-inf"), scores)
+    higher = (others > target_scores[:, None]).sum(1)
+    tied = (others == target_scores[:, None]).sum(1) - 1
+    rank = 1.0 + higher + tied / 2.0
+    return torch.where(finite_target, rank, torch.full_like(rank, float(scores.shape[1])))
 
 
 @dataclass
@@ -92,16 +105,23 @@ def sample_negatives(split: EvalSplit, num_items: int, num_negatives: int, item_
     return negatives
 
 
+class NonFiniteScores(FloatingPointError):
+    """The model scored some users' targets NaN or ±inf: its metrics say nothing, the trial cannot select it."""
+
+
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, split: EvalSplit, *, batch_size: int = 256, device: torch.device,
              mask_history: bool = False, negatives: np.ndarray | None = None,
-             ks: tuple[int, ...] = METRIC_KS) -> dict[str, float]:
-    """Rank each user's target with ``model``; full ranking unless ``negatives`` (U, n) are given."""
+             ks: tuple[int, ...] = METRIC_KS, strict: bool = False) -> dict[str, float]:
+    """Rank each user's target with ``model``; full ranking unless ``negatives`` (U, n) are given.
+
+    Non-finite target scores rank last; with ``strict`` they raise :class:`NonFiniteScores` instead.
+    """
     was_training = model.training
     model.eval()
     weights = model.item_weights()
     num_items = weights.shape[0] - 1
-    ranks = []
+    ranks, nonfinite = [], []
     for start in range(0, len(split.targets), batch_size):
         rows = np.arange(start, min(start + batch_size, len(split.targets)))
         inputs = torch.as_tensor(split.inputs[rows], dtype=torch.long, device=device)
@@ -120,7 +140,12 @@ def evaluate(model: torch.nn.Module, split: EvalSplit, *, batch_size: int = 256,
             scores = torch.einsum("bd,bcd->bc", hidden, weights[candidates])
             target_scores = scores[:, 0]
         ranks.append(rank_of_target(scores, target_scores))
+        nonfinite.append((~torch.isfinite(target_scores)).sum())
     model.train(was_training)
+    bad = int(torch.stack(nonfinite).sum()) if nonfinite else 0  # one synchronisation, after the loop
+    if strict and bad:
+        raise NonFiniteScores(f"the model gave a non-finite score to the target of {bad} of {len(split.targets)} "
+                              "users (diverged weights?)")
     return metrics_from_ranks(torch.cat(ranks).cpu(), ks)
 
 

@@ -9,7 +9,7 @@ Columns:
   (sequences/s), ``infer_ms_p50`` / ``infer_ms_p95`` (top-20 of all items for 256 users), ``device``,
   ``kernel_path``
 - ``config``: every model and trainer key of the trial; ``extra``: model-specific statistics
-- ``seed``, ``wall_time_s``, ``status`` (``ok`` | ``failed``), ``error``
+- ``seed``, ``wall_time_s``, ``status`` (``ok`` | ``failed`` | ``interrupted``: Ctrl-C, the finished epochs), ``error``
 """
 
 from __future__ import annotations

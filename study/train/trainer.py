@@ -28,7 +28,8 @@ from models import ConfigError, SeqRecModel
 from study.errors import UserError, print_error
 from study.train import efficiency
 from study.train.config import SELECTION_METRIC, TrainConfig, parse_assignments, split_settings
-from study.train.metrics import EvalSplit, evaluate, popularity_metrics, sample_negatives
+from study.train.cost import EpochCost, estimate_epoch
+from study.train.metrics import EvalSplit, NonFiniteScores, evaluate, popularity_metrics, sample_negatives
 from study.train.objectives import expand_prefixes, resolve_objective
 from study.train.results import make_result, to_json_line
 from study.train.step import NonFiniteLoss, TrainStep
@@ -163,30 +164,49 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
 
     def score(split_name: str) -> dict[str, float]:
         split = data.valid if split_name == "valid" else data.test
+        # strict: a model that scores targets NaN/inf fails the trial; such an epoch is never selected nor reported
         return evaluate(model, split, batch_size=train_cfg.eval_batch_size, device=device,
-                        mask_history=train_cfg.mask_history, negatives=negatives.get(split_name))
+                        mask_history=train_cfg.mask_history, negatives=negatives.get(split_name), strict=True)
 
     best_valid: dict[str, float] = {}
     best_test: dict[str, float] = {}
     best_epoch, best_state, epochs_without_gain = 0, None, 0
     epoch_times, throughputs, reports = [], [], []
-    bar = _progress_bar(train_cfg.max_epochs, f"{model_name}", progress)
+    steps_per_epoch = None
+    if progress:  # a person is watching: say what an epoch will cost before spending it
+        cost = epoch_cost(step, data, train_cfg, device)
+        print(cost.line(train_cfg.max_epochs), file=sys.stderr, flush=True)
+        steps_per_epoch = cost.steps
+    bar = _progress_bar(train_cfg.max_epochs, steps_per_epoch, model_name, progress)
+    interrupted = False
     for epoch in range(1, train_cfg.max_epochs + 1):
         epoch_start = time.perf_counter()
         model.train()
         users = train_batches(epoch) if train_batches else user_batches(data.train, train_cfg.batch_size, rng)
         total_loss, sequences, steps = 0.0, 0, 0
-        for windows in objective_batches(users, objective, train_cfg.batch_size, train_cfg.prefixes_per_user, rng):
-            batch = torch.as_tensor(windows, dtype=torch.long, device=device)
-            try:
-                loss = step(batch, check_finite=True)
-            except NonFiniteLoss as error:
-                raise NonFiniteLoss(f"{error} at epoch {epoch}, step {steps + 1}") from None
-            total_loss += loss.item()
-            sequences += len(windows)
-            steps += 1
+        try:
+            for windows in objective_batches(users, objective, train_cfg.batch_size, train_cfg.prefixes_per_user,
+                                             rng):
+                batch = torch.as_tensor(windows, dtype=torch.long, device=device)
+                try:
+                    loss = step(batch, check_finite=True)
+                except NonFiniteLoss as error:
+                    raise NonFiniteLoss(f"{error} at epoch {epoch}, step {steps + 1}") from None
+                total_loss += loss.item()
+                sequences += len(windows)
+                steps += 1
+                if steps_per_epoch:
+                    bar.update(1)
+        except KeyboardInterrupt:
+            if not progress:  # inside a sweep, Ray owns the signal
+                raise
+            interrupted = True  # Ctrl-C: drop the unfinished epoch, keep the finished ones
+            break
         train_time = time.perf_counter() - epoch_start
-        valid = score("valid")
+        try:
+            valid = score("valid")
+        except NonFiniteScores as error:
+            raise NonFiniteScores(f"validation after epoch {epoch}: {error}") from None
         if not best_valid or valid[SELECTION_METRIC] > best_valid[SELECTION_METRIC]:
             best_valid, best_epoch, epochs_without_gain = valid, epoch, 0
             best_test = score("test")
@@ -201,8 +221,9 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
                              train_time_s=train_time, throughput=throughputs[-1],
                              wall_time_s=time.perf_counter() - started, extra=model.extra_stats())
         reports.append(report)
-        bar.update(1)
-        bar.set_postfix(loss=f"{report.train_loss:.3f}", ndcg10=f"{valid[SELECTION_METRIC]:.4f}",
+        if not steps_per_epoch:
+            bar.update(1)
+        bar.set_postfix(epoch=epoch, loss=f"{report.train_loss:.3f}", ndcg10=f"{valid[SELECTION_METRIC]:.4f}",
                         best=f"{best_valid[SELECTION_METRIC]:.4f}@{best_epoch}")
         if callback is not None:
             callback(report)
@@ -211,13 +232,18 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
         if train_cfg.time_budget_s and time.perf_counter() - started >= train_cfg.time_budget_s:
             break
     bar.close()
+    if interrupted and best_state is None:
+        raise KeyboardInterrupt
+    if interrupted:
+        print(f"interrupted during epoch {len(reports) + 1}: the result below is that of the {len(reports)} "
+              "finished epoch(s)", file=sys.stderr, flush=True)
 
     model.load_state_dict(best_state)
     figures = {"params": efficiency.count_parameters(model), "epoch_time_s": float(np.median(epoch_times)),
                "train_throughput": float(np.median(throughputs))}
-    if train_cfg.measure_efficiency:
+    if train_cfg.measure_efficiency and not interrupted:
         figures.update(efficiency_figures(model_name, model_hparams, train_cfg, data, model, device))
-    return make_result(
+    row = make_result(
         model=model_name, dataset_meta=data.meta, objective=objective, train_cfg=train_cfg,
         model_hparams=model.config.to_dict(),
         best_valid=best_valid, best_test=best_test, best_epoch=best_epoch, epochs_run=len(reports),
@@ -226,6 +252,17 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
                                                                    negatives=negatives.get("test")).items()
                     if k == SELECTION_METRIC},
     )
+    if interrupted:
+        row["status"] = "interrupted"
+    return row
+
+
+def epoch_cost(step: TrainStep, data: TrialData, train_cfg: TrainConfig, device: torch.device) -> EpochCost:
+    """The cost of one epoch of this trial (its batches drawn with a separate generator: training is unchanged)."""
+    rng = np.random.default_rng(train_cfg.seed)
+    batches = list(objective_batches(user_batches(data.train, train_cfg.batch_size, rng), step.objective,
+                                     train_cfg.batch_size, train_cfg.prefixes_per_user, rng))
+    return estimate_epoch(step, batches, device, float(data.meta.get("length", {}).get("median", float("nan"))))
 
 
 def efficiency_figures(model_name: str, model_hparams: dict, train_cfg: TrainConfig, data: TrialData,
@@ -244,10 +281,14 @@ def efficiency_figures(model_name: str, model_hparams: dict, train_cfg: TrainCon
     return {"peak_mem_mb": peak_mb, "peak_mem_method": method, "infer_ms_p50": p50, "infer_ms_p95": p95}
 
 
-def _progress_bar(total: int, description: str, enabled: bool):
+def _progress_bar(epochs: int, steps_per_epoch: int | None, description: str, enabled: bool):
+    """A bar over training steps when their number is known (long epochs visibly move), else over epochs."""
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=description, unit="epoch", disable=not enabled, file=sys.stderr, leave=True)
+    if steps_per_epoch:
+        return tqdm(total=epochs * steps_per_epoch, desc=description, unit="step", disable=not enabled,
+                    file=sys.stderr, leave=True, dynamic_ncols=True)
+    return tqdm(total=epochs, desc=description, unit="epoch", disable=not enabled, file=sys.stderr, leave=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -274,6 +315,14 @@ def main(argv: list[str] | None = None) -> int:
         result = run_trial(args.model, TrialData.from_prepared(path, max_len), settings, progress=not args.no_progress)
     except (UserError, ConfigError) as error:
         return print_error(error)
+    except FloatingPointError as error:  # NonFiniteLoss / NonFiniteScores: the run diverged, not a bad input
+        print(f"error: the trial failed: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted before the first epoch finished: no result", file=sys.stderr)
+        return 130
     print(to_json_line(result))
+    if result["status"] == "interrupted":
+        return 130
     return 0
 

@@ -8,7 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from study.train.metrics import EvalSplit, evaluate, metrics_from_ranks, popularity_metrics, sample_negatives
+from study.train.metrics import (
+    EvalSplit,
+    NonFiniteScores,
+    evaluate,
+    metrics_from_ranks,
+    popularity_metrics,
+    rank_of_target,
+    sample_negatives,
+)
 from study.train.trainer import TrialData
 
 
@@ -114,3 +122,24 @@ def test_popularity_baseline_on_real_data_matches_brute_force(lastfm_prepared):
     tied = (popularity[None, :] == target[:, None]).sum(1) - 1
     assert got == pytest.approx(metrics_from_ranks(torch.tensor(1.0 + higher + tied / 2.0)))
     assert 0.0 < got["ndcg@10"] < 0.2
+
+
+def test_non_finite_scores_rank_last():
+    scores = torch.tensor([[float("-inf"), 0.3, float("nan"), 0.1, 0.2],
+                           [float("-inf"), 0.3, 0.9, float("nan"), float("inf")],
+                           [float("-inf"), 0.3, 0.2, 0.1, float("inf")]])
+    targets = torch.tensor([2, 2, 1])  # user 0's target is NaN, user 1's is finite, user 2's beaten only by +inf
+    ranks = rank_of_target(scores, scores.gather(1, targets[:, None]).squeeze(1))
+    assert ranks.tolist() == [5.0, 1.0, 1.0]  # NaN target: last of 5; NaN/inf rivals: below every finite score
+    out = metrics_from_ranks(ranks, ks=(1,))
+    assert 0.0 <= out["ndcg@1"] <= 1.0 and 0.0 <= out["mrr@1"] <= 1.0 and out["hr@1"] == pytest.approx(2 / 3)
+
+
+def test_a_nan_model_scores_zero_and_fails_when_strict():
+    rng = np.random.default_rng(0)
+    split = _split(6, 40, rng)  # 40 items: last place is beyond every cut-off (5, 10, 20)
+    nan_model = FixedScores(torch.full((6, 41), float("nan")))
+    metrics = evaluate(nan_model, split, device=torch.device("cpu"))
+    assert all(value == 0.0 for value in metrics.values()), metrics  # never a hit, never NDCG > 1
+    with pytest.raises(NonFiniteScores, match="non-finite score to the target of 6 of 6 users"):
+        evaluate(nan_model, split, device=torch.device("cpu"), strict=True)

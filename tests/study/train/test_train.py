@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from study.train.config import TrainConfig, split_settings
+from study.train.metrics import NonFiniteScores
 from study.train.trainer import TrialData, run_trial
 
 REPO = Path(__file__).resolve().parents[3]
@@ -112,3 +113,76 @@ def test_cli_bad_input_is_one_clear_line_with_exit_code_2(args, message, cli_env
     assert "Traceback" not in done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and message in errors[0], done.stderr
+
+
+def _register_nan_model() -> str:
+    """SASRec whose evaluation outputs turn NaN once it has taken ``NAN_AFTER_STEPS`` training steps, while every
+    training loss stays finite: the case of weights that diverge at an epoch's last step."""
+    import models
+    from models.registry import register
+    from models.sasrec import SASRec
+
+    name = "test-nan-after-steps"
+    if name in models.available():
+        return name
+
+    @register(name)
+    class NaNAfterSteps(SASRec):
+        NAN_AFTER_STEPS = 4
+
+        def __init__(self, config):
+            super().__init__(config)
+            self.training_forwards = 0
+
+        def forward(self, items):
+            if self.training:
+                self.training_forwards += 1
+            return super().forward(items)
+
+        def last_hidden(self, items):
+            hidden = super().last_hidden(items)
+            return hidden * float("nan") if self.training_forwards >= self.NAN_AFTER_STEPS else hidden
+
+    return name
+
+
+def test_a_model_that_turns_nan_fails_the_trial_and_is_never_selected(lastfm):
+    name = _register_nan_model()
+    reports = []
+    # 1,090 users at batch 512: 3 steps per epoch, so epoch 1 validates finite outputs and epoch 2 (step 4 on) NaN ones
+    settings = {**QUICK, "batch_size": 512, "max_epochs": 3}
+    with pytest.raises(NonFiniteScores, match=r"validation after epoch 2: .*non-finite score"):
+        run_trial(name, lastfm, settings, callback=reports.append)
+    assert [r.epoch for r in reports] == [1]  # the NaN epoch reached no callback (Tune, ASHA, the searcher)
+    assert 0.0 <= reports[0].valid["ndcg@10"] < 1.0
+
+
+def test_cli_says_the_cost_then_ctrl_c_keeps_the_finished_epochs(shared_datasets, cli_env):
+    """A person watching: a cost line before epoch 1, a step-level bar, and Ctrl-C after an epoch prints that
+    epoch's result (marked interrupted), exit code 130, no traceback."""
+    import signal
+    import threading
+    import time
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "study.train", "--model", "sasrec", "--dataset", "lastfm", "--source",
+         str(shared_datasets / "s3rec" / "LastFM.txt"), "--set", "max_epochs=200", "--set", "max_len=20",
+         "--set", "hidden_size=16", "--set", "num_heads=1", "--set", "measure_efficiency=false",
+         "--set", "patience=0"],
+        cwd=REPO, env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    errors: list[str] = []
+    reader = threading.Thread(target=lambda: errors.extend(iter(lambda: process.stderr.read(1), "")), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 300
+    while "epoch=1" not in "".join(errors) and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    out, _ = process.communicate(timeout=300)
+    reader.join(timeout=10)
+    stderr = "".join(errors)
+    assert process.returncode == 130, stderr[-2000:]
+    assert "cost estimate: 1,090 windows/epoch in 9 steps" in stderr
+    assert "s/step" in stderr or "step/s" in stderr  # the bar counts steps
+    assert "Traceback" not in stderr and "interrupted during epoch" in stderr
+    row = json.loads(out.strip().splitlines()[-1])
+    assert row["status"] == "interrupted" and 1 <= row["epochs_run"] < 200 and 0 <= row["test_ndcg@10"] <= 1

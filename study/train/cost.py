@@ -1,0 +1,88 @@
+"""What an epoch will cost, said before the first one starts: windows, steps, tokens, and one measured step.
+
+The estimate times real training steps of a throw-away copy of the model on the epoch's first batch, with the
+global RNG state saved and restored, so measuring never changes what the trial then learns.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from study.train.step import TrainStep
+
+PADDING_HINT = 0.5  # above this share of padded positions, the line suggests a shorter max_len
+
+
+@dataclass
+class EpochCost:
+    windows: int  # training windows (sequences) per epoch
+    steps: int
+    tokens: int  # input positions processed, padding included
+    real_tokens: int  # input positions that hold an item
+    step_s: float  # median time of one measured step on a full batch
+    max_len: int
+    median_length: float  # the dataset's median sequence length
+
+    @property
+    def epoch_s(self) -> float:
+        return self.steps * self.step_s
+
+    @property
+    def padding(self) -> float:
+        return 1.0 - self.real_tokens / self.tokens if self.tokens else 0.0
+
+    def line(self, max_epochs: int) -> str:
+        text = (f"cost estimate: {self.windows:,} windows/epoch in {self.steps:,} steps, "
+                f"{_si(self.tokens)} tokens ({self.padding:.0%} padding); one step {self.step_s * 1e3:.0f} ms "
+                f"-> ~{_duration(self.epoch_s)}/epoch, at most ~{_duration(self.epoch_s * max_epochs)} for "
+                f"{max_epochs} epochs")
+        if self.padding > PADDING_HINT:
+            text += (f"; most positions are padding: max_len {self.max_len} vs a median length of "
+                     f"{self.median_length:g}")
+        return text
+
+
+def estimate_epoch(step: TrainStep, batches: list[np.ndarray], device: torch.device, median_length: float,
+                   repeats: int = 3) -> EpochCost:
+    """Cost of one epoch made of ``batches`` ((B, L + 1) windows each), timing a copy of ``step``'s model."""
+    windows = sum(len(batch) for batch in batches)
+    tokens = sum(batch[:, :-1].size for batch in batches)
+    real = sum(int(np.count_nonzero(batch[:, :-1])) for batch in batches)
+    largest = max(batches, key=len)
+    cpu_state = torch.get_rng_state()
+    cuda_state = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
+    try:
+        trial = TrainStep(copy.deepcopy(step.model), step.train)
+        batch = torch.as_tensor(largest, dtype=torch.long, device=device)
+        trial(batch)  # warm-up: allocator, kernels, lazy initialisation
+        timings = []
+        for _ in range(repeats):
+            begin = time.perf_counter()
+            trial(batch).item()  # .item() waits for the device
+            timings.append(time.perf_counter() - begin)
+    finally:
+        torch.set_rng_state(cpu_state)
+        if cuda_state is not None:
+            torch.cuda.set_rng_state_all(cuda_state)
+    return EpochCost(windows=windows, steps=len(batches), tokens=tokens, real_tokens=real,
+                     step_s=float(np.median(timings)), max_len=largest.shape[1] - 1, median_length=median_length)
+
+
+def _si(count: float) -> str:
+    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if count >= size:
+            return f"{count / size:.3g}{unit}"
+    return f"{count:.0f}"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
