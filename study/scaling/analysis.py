@@ -148,6 +148,7 @@ class ClaimResult:
 
 
 def format_value(value: float, unit: str = "") -> str:
+    """A measured figure for the report: 3 decimals below 10, 1 below 1000, thousands separated; nan is n/a."""
     if not math.isfinite(value):
         return "n/a"
     digits = 3 if abs(value) < 10 else (1 if abs(value) < 1000 else 0)

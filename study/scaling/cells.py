@@ -32,8 +32,6 @@ if TYPE_CHECKING:
 # torch and the model zoo are imported inside the functions that need them: Ray workers and the measuring process
 # import this module first, and torch alone takes seconds to load.
 
-PREWARM_LENGTH = 4  # the tiny twin's window: every op of the model runs, at a negligible size
-
 # ---------------------------------------------------------------------------------------------------------------
 # Real sequences: what every model of a cell sees
 
@@ -154,8 +152,12 @@ def _is_oom(error: BaseException) -> bool:
 
 
 def first_line(error: BaseException) -> str:
+    """``Type: first line of the message``, as a cell's ``error`` column records it (also for Ray's errors)."""
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0] if text else ''}"[:500]
+
+
+PREWARM_LENGTH = 4  # the tiny twin's window: every op of the model runs, at a negligible size
 
 
 def _cell_runner(spec: dict[str, Any], windows: np.ndarray, length: int) -> Any:

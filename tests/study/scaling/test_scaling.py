@@ -207,9 +207,10 @@ def test_python_m_study_scaling_validates_without_starting_ray(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "# valid: 2 cells (1 models × 2 lengths × 1 batch setting(s) × 1 mode(s))" in result.stderr
     assert yaml.safe_load(result.stdout)["modes"] == ["train"]
-    result = subprocess.run([sys.executable, "-m", "study.scaling", str(path), "--dry-run", "--set", "lengths=[1]"],
-                            capture_output=True, text=True, cwd=REPO, timeout=600)
-    assert result.returncode == 2 and "--set lengths" in result.stderr, result.stderr
+    result = subprocess.run([sys.executable, "-m", "study.scaling", str(path), "--dry-run",
+                             "--set", "lengths=[16, x, 32]"], capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == "error: --set lengths[1]: expected an integer, got str 'x'\n"
 
 
 def test_malformed_yaml_names_its_line(tmp_path, capsys):
