@@ -1,9 +1,9 @@
-"""``python -m study.scaling STUDY.yaml``: see :mod:`study.scaling.core`."""
+"""``python -m study.scaling STUDY.yaml``: see :mod:`study.scaling.command`."""
 
 import sys
 
-# Imported by its package path, not run as __main__: Ray pickles the cell runner by reference, so workers must
-# find it under its importable name.
-from study.scaling.core import main
+# The command lives in an importable module rather than here: the measuring process and Ray's workers find the
+# cell runner by its package path (study.scaling.cells), never as a function of __main__.
+from study.scaling.command import main
 
 sys.exit(main())

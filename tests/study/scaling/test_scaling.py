@@ -18,7 +18,8 @@ import yaml
 
 import models
 from study.data import load_prepared
-from study.scaling import core as scaling
+from study.scaling import analysis, cells, command, schedule
+from study.spec.scaling import load_scaling_study, resolve
 from study.spec.yaml_io import StudyConfigError
 
 REPO = Path(__file__).resolve().parents[3]
@@ -69,18 +70,18 @@ def tiny_study(shared_datasets: Path, storage: Path, **changes) -> dict:
 
 def test_fit_growth_recovers_known_power_laws():
     lengths = np.array([64, 128, 256, 512, 1024, 2048, 4096])
-    linear = scaling.fit_growth(lengths, 3.0 * lengths)
-    quadratic = scaling.fit_growth(lengths, 0.5 * lengths**2)
+    linear = analysis.fit_growth(lengths, 3.0 * lengths)
+    quadratic = analysis.fit_growth(lengths, 0.5 * lengths**2)
     assert linear.exponent == pytest.approx(1.0, abs=1e-9) and linear.r2 == pytest.approx(1.0, abs=1e-12)
     assert quadratic.exponent == pytest.approx(2.0, abs=1e-9) and quadratic.r2 == pytest.approx(1.0, abs=1e-12)
     assert linear.points == quadratic.points == 7
     # a constant plus N² bends the line: lower slope at small N, and R² < 1 says the fit is not a power law
-    mixed = scaling.fit_growth(lengths, 1e6 + lengths**2)
+    mixed = analysis.fit_growth(lengths, 1e6 + lengths**2)
     assert 0.0 < mixed.exponent < 2.0 and mixed.r2 < 0.999
     # missing and non-positive points (a failed cell, a zero memory delta) are left out, not fitted as log(0)
-    holes = scaling.fit_growth([64, 128, 256, 512], [float("nan"), 0.0, 256.0**2, 512.0**2])
+    holes = analysis.fit_growth([64, 128, 256, 512], [float("nan"), 0.0, 256.0**2, 512.0**2])
     assert holes.points == 2 and holes.exponent == pytest.approx(2.0)
-    assert math.isnan(scaling.fit_growth([64], [1.0]).exponent)
+    assert math.isnan(analysis.fit_growth([64], [1.0]).exponent)
 
 
 def _frame(rows: list[tuple]) -> pd.DataFrame:
@@ -89,7 +90,7 @@ def _frame(rows: list[tuple]) -> pd.DataFrame:
 
 
 def test_claims_are_met_missed_or_not_tested_with_the_numbers():
-    study = scaling.resolve({
+    study = resolve({
         "name": "claims", "dataset": "synthetic", "lengths": [512, 1024], "batch_sizes": [8],
         "models": [{"label": "sasrec-math", "model": "sasrec", "config": {"attention_backend": "math"}},
                    {"model": "elastic"}],
@@ -113,7 +114,7 @@ def test_claims_are_met_missed_or_not_tested_with_the_numbers():
         ("elastic", "inference", "8", 512, "ok", "", 10.0, 15.0),
         ("elastic", "inference", "8", 1024, "ok", "", 20.0, 50.0),
     ])
-    results = {r.claim.text: r for r in scaling.check_claims(frame, study)}
+    results = {r.claim.text: r for r in analysis.check_claims(frame, study)}
     assert results["90% less memory"].verdict == "not tested"
     assert "sasrec-math oom" in results["90% less memory"].line
     assert results["2.7x faster"].verdict == "missed"  # 100 ms / 50 ms = 2.0x
@@ -124,9 +125,9 @@ def test_claims_are_met_missed_or_not_tested_with_the_numbers():
     assert results["cheap training"].verdict == "not tested"  # the reference has no time at 1024
 
     frame.loc[frame["status"] == "oom", ["status", "error", "peak_mem_mb", "time_ms_median"]] = ["ok", "", 800.0, 90.0]
-    results = {r.claim.text: r for r in scaling.check_claims(frame, study)}
+    results = {r.claim.text: r for r in analysis.check_claims(frame, study)}
     assert results["90% less memory"].verdict == "met" and "0.050×" in results["90% less memory"].line
-    summary = scaling.summarise(frame, study).set_index(["label", "mode"])
+    summary = analysis.summarise(frame, study).set_index(["label", "mode"])
     assert summary.loc[("elastic", "train"), "memory_vs_reference"] == pytest.approx(0.05)
     assert summary.loc[("elastic", "inference"), "speedup_vs_reference"] == pytest.approx(2.0)
     assert summary.loc[("sasrec-math", "train"), "memory_exponent"] == pytest.approx(math.log2(800 / 250))
@@ -156,7 +157,7 @@ def test_bad_cells_are_all_reported_before_ray_starts(tmp_path, capsys):
                     "length": 64, "max_ratio": 0.1}],
         "colour": "red",
     })
-    assert scaling.main([str(path), "--dry-run"]) == 2
+    assert command.main([str(path), "--dry-run"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert all(line.startswith(f"error: {path}:") for line in err), err
     text = "\n".join(err)
@@ -175,32 +176,69 @@ def test_bad_cells_are_all_reported_before_ray_starts(tmp_path, capsys):
     assert not ray.is_initialized()
 
 
+def test_lists_numbers_and_sections_keep_their_rules():
+    """Distinct list items, integers written as integers, numbers also as strings, errors named where they are."""
+    with pytest.raises(StudyConfigError) as caught:
+        resolve({"name": "rules", "dataset": "synthetic", "lengths": [16, "32", 16, 64], "batch_sizes": [8],
+                 "modes": ["train", "train"], "models": [{"model": "gru4rec", "train": {"lr": 1e-3, "epochs": 3}}],
+                 "measure": {"timeout_s": "1e2", "memory_limit_mb": -1, "colour": 1}, "fit": {"min_length": 16, "x": 1},
+                 "train": {"patience": 2}, "claims": [{"model": "gru4rec", "reference": "gru4rec", "mode": "train",
+                                                       "metric": "speed", "length": 64, "max_ratio": "1e-1"}]},
+                check_machine=False)
+    errors = "\n".join(caught.value.errors)
+    for expected in ("lengths[1]: expected an integer, got str '32'", "lengths[2]: 16 is listed twice",
+                     "modes[1]: train is listed twice", "models[0].train.epochs: unknown key; train takes",
+                     "measure.memory_limit_mb: must be > 0, got -1", "measure.colour: unknown key; measure takes",
+                     "fit.x: unknown key; fit takes", "train.patience: unknown key; train takes",
+                     "claims[0].metric: must be one of memory, time, got 'speed'"):
+        assert expected in errors, f"{expected!r} missing from:\n{errors}"
+    # "1e2" and "1e-1" are numbers PyYAML leaves as strings (no dot): accepted
+    assert "measure.timeout_s" not in errors and "claims[0].max_ratio" not in errors
+
+
+def test_python_m_study_scaling_validates_without_starting_ray(tmp_path):
+    import subprocess
+    import sys
+
+    path = write_study(tmp_path, {"name": "dry", "dataset": "synthetic", "models": ["gru4rec"], "lengths": [16, 32],
+                                  "batch_sizes": [4]})
+    result = subprocess.run([sys.executable, "-m", "study.scaling", str(path), "--dry-run", "--set", "modes=[train]"],
+                            capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "# valid: 2 cells (1 models × 2 lengths × 1 batch setting(s) × 1 mode(s))" in result.stderr
+    assert yaml.safe_load(result.stdout)["modes"] == ["train"]
+    result = subprocess.run([sys.executable, "-m", "study.scaling", str(path), "--dry-run",
+                             "--set", "lengths=[16, x, 32]"], capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == "error: --set lengths[1]: expected an integer, got str 'x'\n"
+
+
 def test_malformed_yaml_names_its_line(tmp_path, capsys):
     path = tmp_path / "broken.yaml"
     path.write_text("name: broken\nmodels:\n  - {model: sasrec\nlengths: [16]\n")
-    assert scaling.main([str(path), "--dry-run"]) == 2
+    assert command.main([str(path), "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {path}:") and "malformed YAML" in err and "Traceback" not in err
 
 
 def test_batches_that_the_dataset_cannot_fill_are_errors():
-    study = scaling.resolve({"name": "big", "dataset": "synthetic", "models": ["gru4rec"], "lengths": [16, 32],
+    study = resolve({"name": "big", "dataset": "synthetic", "models": ["gru4rec"], "lengths": [16, 32],
                              "batch_sizes": [8, 5000], "num_items": 10}, check_machine=False)
     with pytest.raises(StudyConfigError) as caught:
-        scaling.check_data(study, num_users=943, dataset_items=1682)
+        cells.check_data(study, num_users=943, dataset_items=1682)
     assert any("batch_sizes[1]" in e and "5000" in e and "943" in e for e in caught.value.errors)
     assert any("num_items" in e and "1682" in e for e in caught.value.errors)
 
 
 def test_shipped_grids_are_valid_and_the_default_covers_the_zoo():
-    default = scaling.load_scaling_study(REPO / "search_spaces" / "scaling.yaml", check_machine=False)
+    default = load_scaling_study(REPO / "search_spaces" / "scaling.yaml", check_machine=False)
     # every registered model is in the default grid: a model added to the zoo must be added here too
     assert {e.model for e in default.models} == set(models.available())
     labels = {e.label for e in default.models}
     assert {"sasrec-math", "sasrec-sdpa"} <= labels and default.reference == "sasrec-math"
     assert default.compare_length == 1024 and len(default.cells()) <= 100
     for path in sorted((REPO / "search_spaces" / "paper").glob("scaling-*.yaml")):
-        study = scaling.load_scaling_study(path, check_machine=False)
+        study = load_scaling_study(path, check_machine=False)
         assert study.claims and max(study.lengths) >= 1024, path
 
 
@@ -212,7 +250,7 @@ def test_long_sequences_hold_only_real_item_ids(ml100k_prepared):
     data = load_prepared(ml100k_prepared)
     real_items = set(np.unique(data.history_indices).tolist())
     lengths = np.diff(data.history_indptr)
-    batch = scaling.real_batch(data.history_indptr, data.history_indices, 2000, 16, seed=3, dataset_name="ml-100k")
+    batch = cells.real_batch(data.history_indptr, data.history_indices, 2000, 16, seed=3, dataset_name="ml-100k")
     assert batch.windows.shape == (16, 2001) and batch.windows.dtype == np.int64
     assert set(np.unique(batch.windows).tolist()) <= real_items and 0 not in real_items  # no padding anywhere
     assert batch.tiled_rows == int((lengths[batch.users] < 2001).sum()) == 16  # ml-100k's longest history is 737
@@ -221,10 +259,10 @@ def test_long_sequences_hold_only_real_item_ids(ml100k_prepared):
         history = data.history(user)
         assert row[-1] == history[-1]  # the row still ends with the user's newest item
         assert np.array_equal(row[-len(history):], history)
-    short = scaling.real_batch(data.history_indptr, data.history_indices, 16, 16, seed=3)
+    short = cells.real_batch(data.history_indptr, data.history_indices, 16, 16, seed=3)
     for row, user in zip(short.windows, short.users):
         assert np.array_equal(row, data.history(user)[-17:])  # long enough histories are real windows, untouched
-    again = scaling.real_batch(data.history_indptr, data.history_indices, 2000, 16, seed=3)
+    again = cells.real_batch(data.history_indptr, data.history_indices, 2000, 16, seed=3)
     assert np.array_equal(again.windows, batch.windows)
 
 
@@ -235,7 +273,7 @@ def test_long_sequences_hold_only_real_item_ids(ml100k_prepared):
 def test_tiny_study_end_to_end(ray_cluster, shared_datasets, data_cache, tmp_path, capsys):
     out = tmp_path / "results"
     path = write_study(tmp_path, tiny_study(shared_datasets, out))
-    assert scaling.main([str(path), "--no-progress", "--quiet"]) == 0
+    assert command.main([str(path), "--no-progress", "--quiet"]) == 0
     assert "12 cells (12 ok)" in capsys.readouterr().out
     for name in ("cells.parquet", "cells.csv", "summary.csv", "scaling.md", "environment.json", "study.yaml",
                  "memory.png", "memory.svg", "time.png", "time.svg", "memory_ratio.png", "time_ratio.svg"):
@@ -262,13 +300,13 @@ def test_tiny_study_end_to_end(ray_cluster, shared_datasets, data_cache, tmp_pat
     env = json.loads((out / "environment.json").read_text())
     assert env["hardware"]["cpus_usable"] >= 1 and env["packages"]["torch"]
     # an earlier study is not overwritten by accident
-    assert scaling.main([str(path), "--no-progress", "--quiet"]) == 2
+    assert command.main([str(path), "--no-progress", "--quiet"]) == 2
     assert "--overwrite" in capsys.readouterr().err
 
 
 def test_failing_cells_are_data_points_and_stop_their_series(ray_cluster, lastfm_prepared, tmp_path):
     """An OOM (memory limit), a timeout and a model error are recorded; larger N after OOM/timeout are skipped."""
-    study = scaling.resolve({
+    study = resolve({
         "name": "faults", "dataset": "synthetic", "lengths": [32, 2048, 4096], "batch_sizes": [16],
         "modes": ["train"],
         "models": [{"label": "sasrec-math", "model": "sasrec", "config": {"attention_backend": "math"}},
@@ -276,9 +314,9 @@ def test_failing_cells_are_data_points_and_stop_their_series(ray_cluster, lastfm
         "measure": {"repeats": 1, "memory_limit_mb": 64, "timeout_s": 240},
         "storage": str(tmp_path)}, check_machine=False)
     data = load_prepared(lastfm_prepared)
-    windows = {(n, 16): scaling.real_batch(data.history_indptr, data.history_indices, n, 16, seed=0).windows
+    windows = {(n, 16): cells.real_batch(data.history_indptr, data.history_indices, n, 16, seed=0).windows
                for n in study.lengths}
-    specs = scaling.cell_specs(study, study.cells(), num_items=data.num_items, device="cpu", threads=1)
+    specs = cells.cell_specs(study, study.cells(), num_items=data.num_items, device="cpu", threads=1)
     by_label = {}
     for spec in specs:
         by_label.setdefault(spec["label"], []).append(spec)
@@ -290,7 +328,7 @@ def test_failing_cells_are_data_points_and_stop_their_series(ray_cluster, lastfm
     for spec in by_label["linrec"][:1]:
         spec["model"] = "no-such-model"
     specs = by_label["sasrec-math"] + by_label["gru4rec"] + by_label["linrec"][:1]
-    outcomes = scaling.execute(specs, windows, cpu=1, gpu=0, max_concurrent=2)
+    outcomes = schedule.execute(specs, windows, cpu=1, gpu=0, max_concurrent=2)
     status = {(s["label"], s["length"]): o for s, o in zip(specs, outcomes)}
     assert status[("sasrec-math", 32)]["status"] == "ok" and status[("sasrec-math", 32)]["peak_mem_mb"] > 0
     oom = status[("sasrec-math", 2048)]
@@ -312,12 +350,12 @@ def test_a_study_with_a_uri_is_mirrored_there_and_not_overwritten_by_accident(ra
     study = tiny_study(shared_datasets, uri, lengths=[16, 32], models=tiny_study(shared_datasets, uri)["models"][1:],
                        claims=[])
     path = write_study(tmp_path, study)
-    assert scaling.main([str(path), "--no-progress", "--quiet"]) == 0
+    assert command.main([str(path), "--no-progress", "--quiet"]) == 0
     assert f"mirrored to {uri}" in capsys.readouterr().out
     local = tmp_path / "results" / "tiny"  # the working copy of a URI study
     fs, root = pafs.FileSystem.from_uri(uri)
     for name in ("cells.parquet", "cells.csv", "summary.csv", "scaling.md", "study.yaml", "cells.jsonl"):
         assert fs.open_input_stream(f"{root}/{name}").read() == (local / name).read_bytes(), name
     shutil.rmtree(local)
-    assert scaling.main([str(path), "--no-progress", "--quiet"]) == 2
+    assert command.main([str(path), "--no-progress", "--quiet"]) == 2
     assert f"{uri} already holds a scaling study; pass --overwrite" in capsys.readouterr().err
