@@ -130,7 +130,7 @@ def test_imr_off_uses_one_learned_interest_set_for_every_user():
     p = model.interests(x, valid)
     assert p.shape == (4, 3, 16)
     assert all(torch.equal(p[i], model.shared_interests) for i in range(4))
-    assert model.extra_stats() == {}
+    assert model.stats() == {}
 
 
 def test_dispatcher_off_items_interact_only_through_the_interest_tokens():
@@ -191,11 +191,12 @@ def test_expert_usage_counts_exactly_the_first_eval_pass_after_training():
     model.eval()
     selected.clear()
     with torch.no_grad():
+        model.item_weights()  # an evaluator opens its pass by fetching the item table
         model.last_hidden(eval_items[:25])
         model.last_hidden(eval_items[25:])
     ids = torch.cat(selected).flatten()
     assert int(model.memory.counts.sum()) == 40 * 4 == ids.numel()
-    stats = model.extra_stats()
+    stats = model.stats()
     assert stats["expert_usage_rate"] == pytest.approx(len(torch.unique(ids)) / 64)
     shares = torch.bincount(ids, minlength=64).double() / ids.numel()
     entropy = -(shares[shares > 0] * shares[shares > 0].log()).sum().item()
@@ -207,6 +208,7 @@ def test_expert_usage_counts_exactly_the_first_eval_pass_after_training():
     model.train()
     model.eval()  # a second pass without training in between (the trainer's test pass) is not counted
     with torch.no_grad():
+        model.item_weights()
         model.last_hidden(train_items)
     assert torch.equal(model.memory.counts, counts)
     state = {k: v.clone() for k, v in model.state_dict().items()}
@@ -214,6 +216,7 @@ def test_expert_usage_counts_exactly_the_first_eval_pass_after_training():
     model(train_items)
     model.eval()  # a new epoch's evaluation starts from zero
     with torch.no_grad():
+        model.item_weights()
         model.last_hidden(train_items[:2])
     assert int(model.memory.counts.sum()) == 2 * 4
     model.load_state_dict(state)  # a restored checkpoint carries the counts of its own validation pass

@@ -227,16 +227,21 @@ def test_soft_variant_adds_its_reconstruction_loss():
     soft, base = _build(variant="soft", aux_weight=0.01).train(), _build().train()
     soft(items)
     base(items)
-    assert base.extra_losses() is None
+    assert base.aux_loss() is None
     embedded = soft.embed(items)
     recon = soft.quantizer(embedded, soft=True).vectors
     expected = 0.01 * (embedded - recon).pow(2).sum(-1)[items > 0].mean()
-    assert torch.allclose(soft.extra_losses(), expected)
+    assert torch.allclose(soft.aux_loss(), expected)
+    assert soft.aux_loss() is None  # handed out once: a later step's loss never adds it again
     # its gradient reaches the embeddings only (the reconstruction is a fixed target)
     soft.zero_grad()
     soft(items)
-    soft.extra_losses().backward()
+    soft.aux_loss().backward()
     assert soft.items.weight.grad.abs().sum() > 0 and soft.quantizer.codebooks.grad is None
+    # an evaluation forward records nothing: no loss term, no graph kept alive
+    with torch.no_grad():
+        soft.eval()(items)
+    assert soft.aux_loss() is None
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))

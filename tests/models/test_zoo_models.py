@@ -298,8 +298,8 @@ def test_recgrela_paper_form_sums_over_padding(ml100k, windows):
 
 
 def test_recgrela_records_which_rela_form_ran(ml100k):
-    assert build(ml100k, "recgrela").extra_stats() == {"rela_causal": 0.0}
-    assert build(ml100k, "recgrela", causal=True).extra_stats() == {"rela_causal": 1.0}
+    assert build(ml100k, "recgrela").stats() == {"rela_causal": 0.0}
+    assert build(ml100k, "recgrela", causal=True).stats() == {"rela_causal": 1.0}
 
 
 def test_recgrela_defaults_and_parameter_count_match_the_paper():
