@@ -4,6 +4,10 @@ A model maps a left-padded window of item ids ``(B, L)`` (0 = padding, the newes
 ``L - 1``) to hidden states ``(B, L, d)``. Scoring is always ``hidden @ item_weights().T``, so the
 trainer, the objectives and the evaluator never need to know which token mixer a model uses.
 
+Hyperparameters are dataclass fields whose constraints are declared once, as field metadata (:func:`knob`,
+:func:`positive`, :func:`probability`, :func:`one_of`, :func:`heads`), and checked generically. Models
+report figures through :meth:`SeqRecModel.stats` and auxiliary loss terms through :meth:`SeqRecModel.aux_loss`.
+
 Each model declares the objectives it can be trained with; ``causal`` (next-item CE at every
 position) is only allowed when every token mixer is causal, otherwise training would leak the
 future items the model is asked to predict.
@@ -21,8 +25,6 @@ from torch import nn
 
 OBJECTIVES = ("causal", "last", "cloze", "bce")
 ACTIVATIONS = ("gelu", "relu", "silu")  # what models.blocks.FeedForward accepts
-
-
 CONSTRAINT = "constraint"  # the dataclass field metadata key that holds a field's Constraint
 
 
@@ -180,7 +182,11 @@ class SeqRecModel(nn.Module):
         return self.forward(items)[:, -1]
 
     def item_weights(self) -> torch.Tensor:
-        """Output embedding of items 0..num_items, (num_items + 1, d); row 0 (padding) is never ranked."""
+        """Output embedding of items 0..num_items, (num_items + 1, d); row 0 (padding) is never ranked.
+
+        An evaluator fetches it once per pass, before ranking any batch (``study.train.metrics.evaluate``), so
+        in eval mode this call marks the start of an evaluation pass (ELASTIC counts its expert usage by it).
+        """
         raise NotImplementedError
 
     def record_aux_loss(self, loss: torch.Tensor) -> None:

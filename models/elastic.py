@@ -47,7 +47,8 @@ Choices on the spec's gaps:
     mode, during the **first evaluation pass after a training step**. A pass starts where every evaluator
     starts ranking: the eval-mode call of :meth:`Elastic.item_weights` (``study.train.metrics.evaluate`` makes
     it once per pass). A training forward arms the counters; the first pass opened after it resets them and
-    counts its retrievals; a later pass with no training in between (the trainer's test pass) counts nothing.
+    counts its retrievals; a later pass with no training in between (the trainer's test pass) counts nothing,
+    and loading a state dict (the best epoch's) closes the counted pass.
     In ``study.train.trainer.run_trial`` this is exactly the validation split, one retrieval of k experts per
     user. The counts live in a buffer, so the best-epoch checkpoint carries its own validation counts and the
     final ``stats()`` describes the selected model. ``expert_usage_rate`` = fraction of the K
@@ -203,6 +204,10 @@ class QueryLevel(nn.Module):
         return self.norm(x + self.dropout(self.attention(x, valid))), valid
 
 
+def _close_counted_pass(memory: InterestMemory, incompatible_keys: object) -> None:
+    memory.counting = False
+
+
 class InterestMemory(nn.Module):
     """IMR: a query network maps X⁰ to q, product keys pick k of the K experts, scores gate them into P⁰."""
 
@@ -222,6 +227,9 @@ class InterestMemory(nn.Module):
         self.register_buffer("counts", torch.zeros(n * n, dtype=torch.long))
         self.armed = True  # a training step (or construction) happened since the last counted pass
         self.counting = False
+        # a restored checkpoint carries the counts of its own pass, and what runs next (the trainer's efficiency
+        # probe after loading the best epoch) is no evaluation pass: loading closes any open one
+        self.register_load_state_dict_post_hook(_close_counted_pass)
 
     def query(self, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """(B, N, d) → q (B, d): hierarchical pooling, or the masked mean for the ablation."""

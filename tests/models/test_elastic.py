@@ -231,6 +231,16 @@ def test_the_evaluator_counts_its_validation_pass_and_not_the_test_pass(syntheti
     assert torch.equal(model.memory.counts, counts)
     assert model.training  # the evaluator restored the mode; no train() override was involved
     assert model.stats()["expert_selections"] == len(synthetic.valid.targets) * 3
+    # an epoch without a test pass leaves its counted validation pass open; then the trainer restores the best
+    # epoch and probes efficiency with eval forwards that belong to no evaluation pass and must not be counted
+    model.train()
+    model(torch.as_tensor(synthetic.train[:8, :-1], dtype=torch.long))
+    evaluate(model, synthetic.valid, batch_size=64, device=torch.device("cpu"))
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    model.load_state_dict(state)
+    with torch.no_grad():
+        model.eval().last_hidden(torch.as_tensor(synthetic.test.inputs[:5], dtype=torch.long))
+    assert torch.equal(model.memory.counts, state["memory.counts"])
 
 
 def _saved_bytes(module: torch.nn.Module, *inputs: torch.Tensor) -> int:

@@ -102,3 +102,35 @@ def test_every_sasrec_parameter_gets_a_finite_nonzero_gradient(synthetic):
         assert parameter.grad is not None, name
         assert torch.isfinite(parameter.grad).all(), name
         assert parameter.grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize("name", models.available())
+def test_every_default_config_satisfies_its_declared_constraints(name):
+    config = models.make_config(name, num_items=10)
+    assert config.constraint_errors() == []
+
+
+def test_constraints_are_declared_on_fields_and_checked_generically():
+    from models.base import Constraint, field_constraint
+    from models.gru4rec import GRU4RecConfig
+    from models.lisa import LISAConfig
+    from models.sasrec import SASRecConfig
+
+    assert field_constraint(SASRecConfig, "dropout") == Constraint(at_least=0, below=1)
+    # GRU4Rec only changes hidden_size's default: the base class's constraint still applies
+    assert field_constraint(GRU4RecConfig, "hidden_size") == Constraint(at_least=1)
+    assert ("hidden_size", "must be >= 1, got 0") in GRU4RecConfig(num_items=5, hidden_size=0).constraint_errors()
+    errors = dict(SASRecConfig(num_items=5, activation="tanh", num_heads=0, attn_dropout=-0.1).constraint_errors())
+    assert errors == {"activation": "must be one of ('gelu', 'relu', 'silu'), got 'tanh'",
+                      "num_heads": "must be >= 1, got 0", "attn_dropout": "must be in [0, 1), got -0.1"}
+    # only_if: LISA's target codebooks are checked in the mini variant only; bounded floats must be finite
+    assert LISAConfig(num_items=5, target_codebooks=0).constraint_errors() == []
+    mini = LISAConfig(num_items=5, variant="mini", target_codebooks=0, decay=float("inf"))
+    assert dict(mini.constraint_errors()) == {"target_codebooks": "must be >= 1, got 0",
+                                              "decay": "must be >= 0 (0 = no decay), got inf"}
+
+
+def test_token_mixer_causality_is_a_plain_attribute():
+    assert SoftmaxAttention(16, 2, 0.0, causal=True).causal is True
+    assert SoftmaxAttention(16, 2, 0.0, causal=False).causal is False
+    assert "causal" in vars(SoftmaxAttention(16, 2, 0.0, causal=True))
