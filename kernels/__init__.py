@@ -27,12 +27,12 @@ from ._dispatch import (
 from .causal_linear import (
     apply_rope,
     causal_linear_attention,
-    causal_linear_attention_naive,
-    causal_linear_attention_ref,
+    naive_chunk_causal_linear_attention,
+    naive_quadratic_causal_linear_attention,
     rope_theta,
 )
-from .cosine import COSINE_EPS, cosine_attention, cosine_attention_quadratic, cosine_attention_ref
-from .histogram import causal_histogram_attention, causal_histogram_attention_ref, decayed_cumsum
+from .cosine import COSINE_EPS, cosine_attention, naive_cosine_attention, naive_quadratic_cosine_attention
+from .histogram import causal_histogram_attention, decayed_cumsum, naive_causal_histogram_attention
 
 __all__ = [
     "ENV_VAR",
@@ -41,13 +41,13 @@ __all__ = [
     "apply_rope",
     "backend_used",
     "causal_histogram_attention",
-    "causal_histogram_attention_ref",
+    "naive_causal_histogram_attention",
     "causal_linear_attention",
-    "causal_linear_attention_naive",
-    "causal_linear_attention_ref",
+    "naive_quadratic_causal_linear_attention",
+    "naive_chunk_causal_linear_attention",
     "cosine_attention",
-    "cosine_attention_quadratic",
-    "cosine_attention_ref",
+    "naive_quadratic_cosine_attention",
+    "naive_cosine_attention",
     "decayed_cumsum",
     "interpreter_enabled",
     "last_backend",

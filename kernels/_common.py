@@ -1,4 +1,4 @@
-"""Input validation shared by the ops (no triton import here)."""
+"""Input validation and the references' compute dtype, shared by the ops (no triton import here)."""
 
 from __future__ import annotations
 
@@ -47,3 +47,19 @@ def triton_dtype_check(t: torch.Tensor) -> None:
 def triton_dim_check(name: str, size: int, max_size: int = MAX_TRITON_HEAD_DIM) -> None:
     if not 1 <= size <= max_size:
         raise UnsupportedByTriton(f"{name}={size} is outside the Triton kernels' range 1..{max_size}")
+
+
+def _triton_check(*tensors: torch.Tensor, sizes: dict[str, tuple[int, int]], empty: str | None = None) -> None:
+    """An op's Triton support check: every tensor's dtype, each ``name: (size, max_size)`` in ``sizes``, and
+    ``empty`` (the reason, when the inputs have no element to launch over).  Raises UnsupportedByTriton."""
+    for t in tensors:
+        triton_dtype_check(t)
+    for name, (size, max_size) in sizes.items():
+        triton_dim_check(name, size, max_size)
+    if empty is not None:
+        raise UnsupportedByTriton(empty)
+
+
+def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """The references compute in fp32, or fp64 when any input is fp64 (mirroring the kernels' fp32 accumulation)."""
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32

@@ -1,4 +1,4 @@
-"""Random inputs and comparison helpers shared by tests/test_kernels_*.py and kernels.bench.
+"""Random inputs and comparison helpers shared by tests/kernels/ and benchmarks.kernels.
 
 Inputs follow the project's conventions: LEFT padding (real items at the end of each row), k/v zeroed at
 padding for the causal ops, zero assignment rows at padding for LISA.

@@ -4,6 +4,10 @@ A model maps a left-padded window of item ids ``(B, L)`` (0 = padding, the newes
 ``L - 1``) to hidden states ``(B, L, d)``. Scoring is always ``hidden @ item_weights().T``, so the
 trainer, the objectives and the evaluator never need to know which token mixer a model uses.
 
+Hyperparameters are dataclass fields whose constraints are declared once, as field metadata (:func:`knob`,
+:func:`positive`, :func:`probability`, :func:`one_of`, :func:`heads`), and checked generically. Models
+report figures through :meth:`SeqRecModel.stats` and auxiliary loss terms through :meth:`SeqRecModel.aux_loss`.
+
 Each model declares the objectives it can be trained with; ``causal`` (next-item CE at every
 position) is only allowed when every token mixer is causal, otherwise training would leak the
 future items the model is asked to predict.
@@ -12,13 +16,101 @@ future items the model is asked to predict.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import ClassVar
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 OBJECTIVES = ("causal", "last", "cloze", "bce")
+ACTIVATIONS = ("gelu", "relu", "silu")  # what models.blocks.FeedForward accepts
+CONSTRAINT = "constraint"  # the dataclass field metadata key that holds a field's Constraint
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What one hyperparameter must satisfy, declared once on its field (see :func:`knob`).
+
+    Numeric bounds: ``at_least`` (>=), ``above`` (>), ``below`` (<); a bounded float must also be finite.
+    ``choices``: allowed values. ``divides_hidden``: the value (a head count) must divide ``hidden_size``.
+    ``why`` is appended to the bound in the message; ``only_if=(field, value)`` checks the field only when
+    that other field has that value (e.g. LISA's target codebooks exist only in the ``mini`` variant).
+    """
+
+    at_least: float | None = None
+    above: float | None = None
+    below: float | None = None
+    choices: tuple[Any, ...] | None = None
+    divides_hidden: bool = False
+    why: str = ""
+    only_if: tuple[str, Any] | None = None
+
+    def bound_text(self) -> str:
+        if self.at_least is not None and self.below is not None:
+            text = f"in [{self.at_least}, {self.below})"
+        elif self.at_least is not None:
+            text = f">= {self.at_least}"
+        elif self.above is not None:
+            text = f"> {self.above}"
+        else:
+            text = f"< {self.below}"
+        return f"{text} {self.why}" if self.why else text
+
+    def error(self, value: Any, config: ModelConfig) -> str | None:
+        """The message for a violated constraint, or None when ``value`` satisfies it."""
+        if self.only_if is not None and getattr(config, self.only_if[0]) != self.only_if[1]:
+            return None
+        if self.choices is not None and value not in self.choices:
+            return f"must be one of {self.choices}, got {value!r}"
+        bounded = (self.at_least, self.above, self.below) != (None, None, None)
+        if bounded and not self.within_bounds(value):
+            return f"must be {self.bound_text()}, got {value}"
+        if self.divides_hidden and config.hidden_size % value:
+            return f"must divide hidden_size={config.hidden_size}, got {value}"
+        return None
+
+    def within_bounds(self, value: Any) -> bool:
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        return ((self.at_least is None or value >= self.at_least) and (self.above is None or value > self.above)
+                and (self.below is None or value < self.below))
+
+
+def knob(default: Any, **constraint: Any) -> Any:
+    """A config field with its constraint, e.g. ``num_layers: int = knob(2, at_least=1)``."""
+    return field(default=default, metadata={CONSTRAINT: Constraint(**constraint)})
+
+
+def positive(default: int) -> Any:
+    """Sizes and counts (layers, inner size, kernel size, ...) that must be >= 1."""
+    return knob(default, at_least=1)
+
+
+def probability(default: float) -> Any:
+    """Dropout-like rates in [0, 1)."""
+    return knob(default, at_least=0, below=1)
+
+
+def one_of(default: Any, choices: tuple[Any, ...]) -> Any:
+    return knob(default, choices=choices)
+
+
+def heads(default: int) -> Any:
+    """A head count: >= 1 and a divisor of ``hidden_size``, as every multi-head model needs."""
+    return knob(default, at_least=1, divides_hidden=True)
+
+
+def field_constraint(cls: type[ModelConfig], name: str) -> Constraint | None:
+    """The constraint of field ``name``, from the nearest class in the MRO that declares one.
+
+    A subclass that only changes a default (``hidden_size: int = 128``) keeps its base class's constraint.
+    """
+    for klass in cls.__mro__:
+        declared = getattr(klass, "__dataclass_fields__", {}).get(name)
+        if declared is not None and CONSTRAINT in declared.metadata:
+            return declared.metadata[CONSTRAINT]
+    return None
 
 
 @dataclass
@@ -26,49 +118,31 @@ class ModelConfig:
     """Fields shared by every model. Subclasses add their own knobs with the paper's defaults.
 
     ``num_items`` comes from the dataset (ids 1..num_items, 0 = padding); ``max_len`` is the length
-    of the input window and doubles as the size of learned position tables.
+    of the input window and doubles as the size of learned position tables. Each field declares its
+    constraint once (:func:`knob` and friends); :meth:`constraint_errors` checks them all.
     """
 
-    num_items: int = 0
-    max_len: int = 200
-    hidden_size: int = 64
+    num_items: int = positive(0)
+    max_len: int = knob(200, at_least=2)
+    hidden_size: int = positive(64)
 
     def constraint_errors(self) -> list[tuple[str, str]]:
-        """Return ``(key, message)`` for every violated constraint; subclasses extend this list.
+        """Return ``(key, message)`` for every violated constraint.
 
         Returning all errors at once (rather than raising on the first) lets the sweep validator
-        report a whole YAML file's problems in one go.
+        report a whole YAML file's problems in one go. Subclasses with rules that tie several fields
+        together (e.g. ELASTIC's ``top_k <= sqrt(num_experts)``) extend this list.
         """
         errors = []
-        if self.num_items < 1:
-            errors.append(("num_items", f"must be >= 1, got {self.num_items}"))
-        if self.max_len < 2:
-            errors.append(("max_len", f"must be >= 2, got {self.max_len}"))
-        if self.hidden_size < 1:
-            errors.append(("hidden_size", f"must be >= 1, got {self.hidden_size}"))
+        for declared in dataclasses.fields(self):
+            constraint = field_constraint(type(self), declared.name)
+            message = constraint.error(getattr(self, declared.name), self) if constraint else None
+            if message is not None:
+                errors.append((declared.name, message))
         return errors
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-def heads_divide_hidden(config: ModelConfig, num_heads: int) -> list[tuple[str, str]]:
-    """The constraint shared by every multi-head model."""
-    if num_heads < 1:
-        return [("num_heads", f"must be >= 1, got {num_heads}")]
-    if config.hidden_size % num_heads:
-        return [("num_heads", f"must divide hidden_size={config.hidden_size}, got {num_heads}")]
-    return []
-
-
-def at_least_one_errors(config: ModelConfig, *keys: str) -> list[tuple[str, str]]:
-    """Sizes and counts that must be positive integers (layers, inner size, kernel size, …)."""
-    return [(key, f"must be >= 1, got {getattr(config, key)}") for key in keys if getattr(config, key) < 1]
-
-
-def probability_errors(config: ModelConfig, *keys: str) -> list[tuple[str, str]]:
-    return [(key, f"must be in [0, 1), got {getattr(config, key)}")
-            for key in keys if not 0.0 <= getattr(config, key) < 1.0]
 
 
 class SeqRecModel(nn.Module):
@@ -83,6 +157,7 @@ class SeqRecModel(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
+        self._pending_aux_loss: torch.Tensor | None = None
 
     def narrow_objectives(self, causal: bool, otherwise: tuple[str, ...]) -> None:
         """Narrow the class's objectives to this instance's mixer: a causal one trains like SASRec (default
@@ -107,14 +182,27 @@ class SeqRecModel(nn.Module):
         return self.forward(items)[:, -1]
 
     def item_weights(self) -> torch.Tensor:
-        """Output embedding of items 0..num_items, (num_items + 1, d); row 0 (padding) is never ranked."""
+        """Output embedding of items 0..num_items, (num_items + 1, d); row 0 (padding) is never ranked.
+
+        An evaluator fetches it once per pass, before ranking any batch (``study.train.metrics.evaluate``), so
+        in eval mode this call marks the start of an evaluation pass (ELASTIC counts its expert usage by it).
+        """
         raise NotImplementedError
 
-    def extra_losses(self) -> torch.Tensor | None:
-        """Auxiliary loss of the last forward pass (e.g. a quantizer's reconstruction term), or None."""
-        return None
+    def record_aux_loss(self, loss: torch.Tensor) -> None:
+        """Called by a training-mode :meth:`forward` that produces an auxiliary loss term (LISA-Soft)."""
+        self._pending_aux_loss = loss
 
-    def extra_stats(self) -> dict[str, float]:
+    def aux_loss(self) -> torch.Tensor | None:
+        """The auxiliary loss recorded by the last training forward pass, or None; the objective adds it.
+
+        It is handed out once: a step's term can never be added to a later step's loss, and the graph
+        it holds is released with the step.
+        """
+        loss, self._pending_aux_loss = self._pending_aux_loss, None
+        return loss
+
+    def stats(self) -> dict[str, float]:
         """Model-specific figures to record with a trial (e.g. ELASTIC's expert usage, the RELA form)."""
         return {}
 

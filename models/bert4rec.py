@@ -28,14 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from models.base import (
-    ModelConfig,
-    SeqRecModel,
-    at_least_one_errors,
-    heads_divide_hidden,
-    init_weights,
-    probability_errors,
-)
+from models.base import ACTIVATIONS, ModelConfig, SeqRecModel, heads, init_weights, one_of, positive, probability
 from models.blocks import (
     ATTENTION_BACKENDS,
     ItemEmbedding,
@@ -46,34 +39,16 @@ from models.blocks import (
 )
 from models.registry import register
 
-ACTIVATIONS = ("gelu", "relu", "silu")
-
 
 @dataclass
 class BERT4RecConfig(ModelConfig):
-    num_layers: int = 2
-    num_heads: int = 2
-    inner_size: int = 256
-    dropout: float = 0.1
-    attn_dropout: float = 0.1
-    activation: str = "gelu"
-    attention_backend: str = "sdpa"
-
-    def constraint_errors(self) -> list[tuple[str, str]]:
-        errors = super().constraint_errors() + heads_divide_hidden(self, self.num_heads)
-        errors += probability_errors(self, "dropout", "attn_dropout")
-        errors += backbone_errors(self)
-        if self.attention_backend not in ATTENTION_BACKENDS:
-            errors.append(("attention_backend", f"must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}"))
-        return errors
-
-
-def backbone_errors(config: ModelConfig) -> list[tuple[str, str]]:
-    """Constraints of the encoder shared by BERT4Rec and Cotten4Rec."""
-    errors = at_least_one_errors(config, "num_layers", "inner_size")
-    if config.activation not in ACTIVATIONS:
-        errors.append(("activation", f"must be one of {ACTIVATIONS}, got {config.activation!r}"))
-    return errors
+    num_layers: int = positive(2)
+    num_heads: int = heads(2)
+    inner_size: int = positive(256)
+    dropout: float = probability(0.1)
+    attn_dropout: float = probability(0.1)
+    activation: str = one_of("gelu", ACTIVATIONS)
+    attention_backend: str = one_of("sdpa", ATTENTION_BACKENDS)
 
 
 @register("bert4rec")

@@ -9,7 +9,6 @@ newest item.
 from __future__ import annotations
 
 import math
-from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +39,9 @@ class ItemEmbedding(nn.Module):
 class TokenMixer(nn.Module):
     """Mixes information across positions. ``causal`` says whether output t sees only inputs <= t."""
 
-    causal: ClassVar[bool] = False
+    def __init__(self, causal: bool):
+        super().__init__()
+        self.causal = causal
 
     def forward(self, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -69,7 +70,7 @@ class SoftmaxAttention(TokenMixer):
 
     def __init__(self, hidden_size: int, num_heads: int, attn_dropout: float, causal: bool,
                  backend: str = "sdpa"):
-        super().__init__()
+        super().__init__(causal)
         if backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {backend!r}")
         self.num_heads = num_heads
@@ -77,11 +78,6 @@ class SoftmaxAttention(TokenMixer):
         self.out = nn.Linear(hidden_size, hidden_size)
         self.attn_dropout = attn_dropout
         self.backend = backend
-        self.is_causal_mixer = causal
-
-    @property
-    def causal(self) -> bool:  # type: ignore[override]
-        return self.is_causal_mixer
 
     def forward(self, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         batch, length, hidden = x.shape

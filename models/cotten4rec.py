@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import torch
 
 import kernels
-from models.base import ModelConfig, heads_divide_hidden, probability_errors
-from models.bert4rec import BERT4Rec, backbone_errors
+from models.base import ACTIVATIONS, ModelConfig, heads, one_of, positive, probability
+from models.bert4rec import BERT4Rec
 from models.blocks import TokenMixer
 from models.mixers import LinearAttentionMixer, row_l2, zero_padding
 from models.registry import register
@@ -60,17 +60,13 @@ class CosineAttention(LinearAttentionMixer):
 
 @dataclass
 class Cotten4RecConfig(ModelConfig):
-    num_layers: int = 2
-    num_heads: int = 2
-    inner_size: int = 256
-    dropout: float = 0.1
-    activation: str = "gelu"
+    num_layers: int = positive(2)
+    num_heads: int = heads(2)
+    inner_size: int = positive(256)
+    dropout: float = probability(0.1)
+    activation: str = one_of("gelu", ACTIVATIONS)
     m_init: float = 0.5
     causal: bool = False
-
-    def constraint_errors(self) -> list[tuple[str, str]]:
-        errors = super().constraint_errors() + heads_divide_hidden(self, self.num_heads)
-        return errors + probability_errors(self, "dropout") + backbone_errors(self)
 
 
 @register("cotten4rec")

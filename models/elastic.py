@@ -44,11 +44,14 @@ Choices on the spec's gaps:
    size 256, GELU, dropout 0.5/0.5, N(0, 0.02) init. Paper values: K = 16×16, k = 8, N = 256 (ML-1M).
    The query-network pool size is not given; 4 is our choice (256 → 64 → 16 → 4 → 1).
 10. **Expert-usage statistics** (Figure 4, Figure 5's dashed line): selections are counted only in eval
-    mode, during the **first evaluation pass after a training step**; entering eval mode after training
-    resets the counters, a second pass in the same epoch (the trainer's test pass) is not counted. In
-    ``study.train.trainer.run_trial`` this is exactly the validation split, one retrieval of k experts per user.
-    The counts live in a buffer, so the best-epoch checkpoint carries its own validation counts and the
-    final ``extra_stats()`` describes the selected model. ``expert_usage_rate`` = fraction of the K
+    mode, during the **first evaluation pass after a training step**. A pass starts where every evaluator
+    starts ranking: the eval-mode call of :meth:`Elastic.item_weights` (``study.train.metrics.evaluate`` makes
+    it once per pass). A training forward arms the counters; the first pass opened after it resets them and
+    counts its retrievals; a later pass with no training in between (the trainer's test pass) counts nothing,
+    and loading a state dict (the best epoch's) closes the counted pass.
+    In ``study.train.trainer.run_trial`` this is exactly the validation split, one retrieval of k experts per
+    user. The counts live in a buffer, so the best-epoch checkpoint carries its own validation counts and the
+    final ``stats()`` describes the selected model. ``expert_usage_rate`` = fraction of the K
     experts selected at least once; ``expert_load_entropy`` = entropy (nats) of the selection shares,
     ``expert_load_entropy_norm`` = the same divided by log K (1 = perfectly balanced).
 """
@@ -62,14 +65,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.base import (
-    ModelConfig,
-    SeqRecModel,
-    at_least_one_errors,
-    heads_divide_hidden,
-    init_weights,
-    probability_errors,
-)
+from models.base import ACTIVATIONS, ModelConfig, SeqRecModel, heads, init_weights, knob, one_of, positive, probability
 from models.blocks import FeedForward, ItemEmbedding, SoftmaxAttention
 from models.registry import register
 
@@ -80,16 +76,16 @@ QUERY_NETS = ("hierarchical", "mean")
 class ElasticConfig(ModelConfig):
     # the zoo's window, sized for ml-100k (median history 64); the paper's N = 256 on ML-1M is in search_spaces/paper/
     max_len: int = 200
-    num_layers: int = 2
-    num_heads: int = 1
-    inner_size: int = 256
-    dropout: float = 0.5
-    attn_dropout: float = 0.5
-    activation: str = "gelu"
-    num_experts: int = 256  # K = 16 × 16 on ML-1M; must be a perfect square
-    top_k: int = 8  # k: retrieved experts = interest (dispatcher) tokens
-    pool_size: int = 4  # the query network's stride
-    query_net: str = "hierarchical"  # ablation: "mean"
+    num_layers: int = positive(2)
+    num_heads: int = heads(1)
+    inner_size: int = positive(256)
+    dropout: float = probability(0.5)
+    attn_dropout: float = probability(0.5)
+    activation: str = one_of("gelu", ACTIVATIONS)
+    num_experts: int = 256  # K = 16 × 16 on ML-1M; must be a perfect square (checked below)
+    top_k: int = positive(8)  # k: retrieved experts = interest (dispatcher) tokens
+    pool_size: int = knob(4, at_least=2, why="so the query network shortens the sequence")  # its stride
+    query_net: str = one_of("hierarchical", QUERY_NETS)  # ablation: "mean"
     imr: bool = True  # ablation: False = one learnable P shared by all users
     dispatcher: bool = True  # ablation: False = no aggregation step, X attends to P⁰ only
 
@@ -98,24 +94,14 @@ class ElasticConfig(ModelConfig):
         return math.isqrt(self.num_experts)
 
     def constraint_errors(self) -> list[tuple[str, str]]:
-        errors = super().constraint_errors() + heads_divide_hidden(self, self.num_heads)
-        errors += probability_errors(self, "dropout", "attn_dropout")
-        errors += at_least_one_errors(self, "num_layers", "inner_size")
-        if self.activation not in ("gelu", "relu", "silu"):
-            errors.append(("activation", f"must be gelu, relu or silu, got {self.activation!r}"))
+        """The per-field constraints, plus the rules that tie fields together (product keys, query halves)."""
+        errors = super().constraint_errors()
         if self.num_experts < 1 or self.sub_keys ** 2 != self.num_experts:
             errors.append(("num_experts", f"must be a perfect square n*n (product keys use two sets of n sub-keys), "
                                           f"got {self.num_experts}"))
-        if self.top_k < 1:
-            errors.append(("top_k", f"must be >= 1, got {self.top_k}"))
-        elif self.num_experts >= 1 and self.top_k > self.sub_keys:
+        if "top_k" not in dict(errors) and self.num_experts >= 1 and self.top_k > self.sub_keys:
             errors.append(("top_k", f"must be <= sqrt(num_experts)={self.sub_keys} (top-k is taken in each sub-key "
                                     f"set first), got {self.top_k}"))
-        if self.pool_size < 2:
-            errors.append(("pool_size", f"must be >= 2 so the query network shortens the sequence, "
-                                        f"got {self.pool_size}"))
-        if self.query_net not in QUERY_NETS:
-            errors.append(("query_net", f"must be one of {QUERY_NETS}, got {self.query_net!r}"))
         if self.imr and self.hidden_size % 2:
             errors.append(("hidden_size", f"must be even with imr=True (the query is split into two halves "
                                           f"for the product keys), got {self.hidden_size}"))
@@ -219,6 +205,10 @@ class QueryLevel(nn.Module):
         return self.norm(x + self.dropout(self.attention(x, valid))), valid
 
 
+def _close_counted_pass(memory: InterestMemory, incompatible_keys: object) -> None:
+    memory.counting = False
+
+
 class InterestMemory(nn.Module):
     """IMR: a query network maps X⁰ to q, product keys pick k of the K experts, scores gate them into P⁰."""
 
@@ -234,10 +224,13 @@ class InterestMemory(nn.Module):
         self.levels = nn.ModuleList([] if self.mean_query else levels)
         self.sub_keys = nn.Parameter(torch.empty(2, n, d // 2))
         self.experts = nn.Embedding(n * n, d)
-        # selection counts of the current evaluation pass (see the module docstring, choice 10)
+        # selection counts of the counted evaluation pass (see the module docstring, choice 10)
         self.register_buffer("counts", torch.zeros(n * n, dtype=torch.long))
-        self.count_next_eval = True
+        self.armed = True  # a training step (or construction) happened since the last counted pass
         self.counting = False
+        # a restored checkpoint carries the counts of its own pass, and what runs next (the trainer's efficiency
+        # probe after loading the best epoch) is no evaluation pass: loading closes any open one
+        self.register_load_state_dict_post_hook(_close_counted_pass)
 
     def query(self, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """(B, N, d) → q (B, d): hierarchical pooling, or the masked mean for the ablation."""
@@ -252,21 +245,17 @@ class InterestMemory(nn.Module):
         """P⁰ (B, k, d) and the expert ids (B, k)."""
         scores, indices = product_key_topk(self.query(x, valid), self.sub_keys, self.top_k)
         if self.training:
-            self.count_next_eval = True
+            self.armed, self.counting = True, False
         elif self.counting:
             self.counts += torch.bincount(indices.flatten(), minlength=self.counts.numel())
         gate = self.top_k * scores.softmax(-1)  # scores enter the forward pass: keys and query net get gradient
         return self.experts(indices) * gate.unsqueeze(-1), indices
 
-    def train(self, mode: bool = True) -> InterestMemory:
-        if self.training and not mode:  # entering evaluation
-            self.counting = self.count_next_eval
-            if self.counting:
-                self.counts.zero_()
-            self.count_next_eval = False
-        elif mode:
-            self.counting = False
-        return super().train(mode)
+    def open_evaluation_pass(self) -> None:
+        """Start of an evaluation pass: counted (from zero) only if a training step came before it."""
+        self.counting, self.armed = self.armed, False
+        if self.counting:
+            self.counts.zero_()
 
 
 @register("elastic")
@@ -313,6 +302,10 @@ class Elastic(SeqRecModel):
         return self.encode(items, last_only=True)[:, -1]
 
     def item_weights(self) -> torch.Tensor:
+        """Also opens an evaluation pass in eval mode (module docstring, choice 10): evaluators fetch the item
+        table once, before they rank any batch."""
+        if self.memory is not None and not self.training:
+            self.memory.open_evaluation_pass()
         return self.embedding.items.weight
 
     def expert_load(self) -> torch.Tensor:
@@ -322,7 +315,7 @@ class Elastic(SeqRecModel):
         counts = self.memory.counts.double()
         return counts / counts.sum() if counts.sum() > 0 else counts
 
-    def extra_stats(self) -> dict[str, float]:
+    def stats(self) -> dict[str, float]:
         if self.memory is None or self.memory.counts.sum() == 0:
             return {}
         load = self.expert_load()

@@ -20,21 +20,16 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from models.base import ModelConfig, SeqRecModel, at_least_one_errors, probability_errors
+from models.base import ModelConfig, SeqRecModel, positive, probability
 from models.registry import register
 
 
 @dataclass
 class GRU4RecConfig(ModelConfig):
     hidden_size: int = 128
-    embedding_size: int = 64
-    num_layers: int = 1
-    dropout: float = 0.3
-
-    def constraint_errors(self) -> list[tuple[str, str]]:
-        errors = super().constraint_errors() + probability_errors(self, "dropout")
-        errors += at_least_one_errors(self, "embedding_size", "num_layers")
-        return errors
+    embedding_size: int = positive(64)
+    num_layers: int = positive(1)
+    dropout: float = probability(0.3)
 
 
 @register("gru4rec")

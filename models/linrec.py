@@ -40,14 +40,7 @@ import torch
 import torch.nn.functional as F
 
 import kernels
-from models.base import (
-    ModelConfig,
-    SeqRecModel,
-    at_least_one_errors,
-    heads_divide_hidden,
-    init_weights,
-    probability_errors,
-)
+from models.base import ACTIVATIONS, ModelConfig, SeqRecModel, heads, init_weights, one_of, positive, probability
 from models.blocks import ItemEmbedding, TransformerBlock, TransformerEncoder
 from models.mixers import LinearAttentionMixer, row_l2, zero_padding
 from models.registry import register
@@ -83,23 +76,13 @@ class LinRecAttention(LinearAttentionMixer):
 @dataclass
 class LinRecConfig(ModelConfig):
     hidden_size: int = 128
-    num_layers: int = 2
-    num_heads: int = 8
-    inner_size: int = 256
-    dropout: float = 0.2
-    activation: str = "gelu"
-    key_norm: str = "column"
+    num_layers: int = positive(2)
+    num_heads: int = heads(8)
+    inner_size: int = positive(256)
+    dropout: float = probability(0.2)
+    activation: str = one_of("gelu", ACTIVATIONS)
+    key_norm: str = one_of("column", KEY_NORMS)
     causal: bool = False
-
-    def constraint_errors(self) -> list[tuple[str, str]]:
-        errors = super().constraint_errors() + heads_divide_hidden(self, self.num_heads)
-        errors += probability_errors(self, "dropout")
-        errors += at_least_one_errors(self, "num_layers", "inner_size")
-        if self.activation not in ("gelu", "relu", "silu"):
-            errors.append(("activation", f"must be gelu, relu or silu, got {self.activation!r}"))
-        if self.key_norm not in KEY_NORMS:
-            errors.append(("key_norm", f"must be one of {KEY_NORMS}, got {self.key_norm!r}"))
-        return errors
 
 
 @register("linrec")

@@ -54,47 +54,30 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels import causal_histogram_attention
-from models.base import ModelConfig, SeqRecModel, at_least_one_errors, probability_errors
+from models.base import ModelConfig, SeqRecModel, knob, one_of, positive, probability
 from models.blocks import FeedForward
 from models.registry import register
 
 VARIANTS = ("base", "soft", "mini")
+ONE_CODEWORD = "(one codeword cannot tell items apart)"
 
 
 @dataclass
 class LISAConfig(ModelConfig):
     hidden_size: int = 128
-    num_codebooks: int = 8  # B
-    num_codewords: int = 128  # W of the sequence codebooks (paper: Base 128 on ML-1M, Soft 16, Mini 32)
-    variant: str = "base"
-    target_codebooks: int = 8  # mini only: the separate target quantizer
-    target_codewords: int = 128
-    temperature: float = 0.7  # τ of the quantizer's tempered softmax
-    decay: float = 0.1  # λ of the decayed histogram, γ = exp(−λ); 0 = plain cumulative histogram
-    aux_weight: float = 0.01  # soft only: weight of the reconstruction loss
-    inner_size: int = 128
-    dropout: float = 0.1
-
-    def constraint_errors(self) -> list[tuple[str, str]]:
-        errors = super().constraint_errors() + probability_errors(self, "dropout")
-        if self.variant not in VARIANTS:
-            errors.append(("variant", f"must be one of {VARIANTS}, got {self.variant!r}"))
-        for books, words in (("num_codebooks", "num_codewords"), ("target_codebooks", "target_codewords")):
-            if books.startswith("target") and self.variant != "mini":
-                continue
-            if getattr(self, books) < 1:
-                errors.append((books, f"must be >= 1, got {getattr(self, books)}"))
-            if getattr(self, words) < 2:
-                errors.append((words, f"must be >= 2 (one codeword cannot tell items apart), "
-                                      f"got {getattr(self, words)}"))
-        if self.temperature <= 0:
-            errors.append(("temperature", f"must be > 0, got {self.temperature}"))
-        if not math.isfinite(self.decay) or self.decay < 0:
-            errors.append(("decay", f"must be >= 0 (0 = no decay), got {self.decay}"))
-        if self.aux_weight < 0:
-            errors.append(("aux_weight", f"must be >= 0, got {self.aux_weight}"))
-        errors += at_least_one_errors(self, "inner_size")
-        return errors
+    num_codebooks: int = positive(8)  # B
+    # W of the sequence codebooks (paper: Base 128 on ML-1M, Soft 16, Mini 32)
+    num_codewords: int = knob(128, at_least=2, why=ONE_CODEWORD)
+    variant: str = one_of("base", VARIANTS)
+    # mini only: the separate target quantizer
+    target_codebooks: int = knob(8, at_least=1, only_if=("variant", "mini"))
+    target_codewords: int = knob(128, at_least=2, why=ONE_CODEWORD, only_if=("variant", "mini"))
+    temperature: float = knob(0.7, above=0)  # τ of the quantizer's tempered softmax
+    # λ of the decayed histogram, γ = exp(−λ); 0 = plain cumulative histogram
+    decay: float = knob(0.1, at_least=0, why="(0 = no decay)")
+    aux_weight: float = knob(0.01, at_least=0)  # soft only: weight of the reconstruction loss
+    inner_size: int = positive(128)
+    dropout: float = probability(0.1)
 
 
 class Quantized(NamedTuple):
@@ -152,7 +135,6 @@ class LISA(SeqRecModel):
         self.dropout = nn.Dropout(c.dropout)
         self.gamma = math.exp(-c.decay) if c.decay > 0 else None
         self.scale = math.sqrt(d)
-        self._aux_loss: torch.Tensor | None = None
 
         nn.init.xavier_normal_(self.items.weight)
         nn.init.xavier_normal_(self.positions.weight)
@@ -190,10 +172,10 @@ class LISA(SeqRecModel):
         soft = self.config.variant == "soft"
         quantized = self.quantizer(embedded, soft=soft)
         mixed = self.histogram_attention(quantized, valid)
-        if soft:
+        if soft and self.training:
             # the code's auxiliary loss: pull embeddings toward their (fixed) soft reconstructions
             error = (embedded - quantized.vectors.detach()).pow(2).sum(-1)
-            self._aux_loss = self.config.aux_weight * error[valid].sum() / valid.sum().clamp(min=1)
+            self.record_aux_loss(self.config.aux_weight * error[valid].sum() / valid.sum().clamp(min=1))
         positions = torch.arange(items.shape[1], device=items.device)
         x = self.dropout(quantized.vectors + self.positions(positions))
         x = self.norm_attn(x + self.dropout(mixed))
@@ -208,6 +190,3 @@ class LISA(SeqRecModel):
         quantizer = self.target_quantizer if self.target_quantizer is not None else self.quantizer
         vectors = quantizer(embedded).vectors
         return torch.cat([torch.zeros_like(vectors[:1]), vectors[1:]])  # row 0 (padding) is never ranked
-
-    def extra_losses(self) -> torch.Tensor | None:
-        return self._aux_loss if self.config.variant == "soft" else None

@@ -51,15 +51,10 @@ class LinearAttentionMixer(TokenMixer):
     """
 
     def __init__(self, hidden_size: int, num_heads: int, causal: bool):
-        super().__init__()
+        super().__init__(causal)
         self.num_heads = num_heads
         self.qkv = nn.Linear(hidden_size, 3 * hidden_size)
         self.out = nn.Linear(hidden_size, hidden_size)
-        self.is_causal_mixer = causal
-
-    @property
-    def causal(self) -> bool:  # type: ignore[override]
-        return self.is_causal_mixer
 
     def forward(self, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         q, k, v = (split_heads(t, self.num_heads) for t in self.qkv(x).chunk(3, dim=-1))

@@ -45,14 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import kernels
-from models.base import (
-    ModelConfig,
-    SeqRecModel,
-    at_least_one_errors,
-    heads_divide_hidden,
-    init_weights,
-    probability_errors,
-)
+from models.base import ModelConfig, SeqRecModel, heads, init_weights, knob, positive, probability
 from models.blocks import DropPath, FeedForward, TokenMixer
 from models.mixers import merge_heads, split_heads, zero_padding
 from models.registry import register
@@ -63,19 +56,14 @@ class RELA(TokenMixer):
 
     def __init__(self, hidden_size: int, num_heads: int, conv_kernel_size: int, causal: bool,
                  rope_base: float = 10000.0, eps: float = 1e-6):
-        super().__init__()
+        super().__init__(causal)
         self.num_heads = num_heads
         self.qk = nn.Linear(hidden_size, 2 * hidden_size)
         # depthwise; left-pad by k-1 and keep the first L outputs → output t sees inputs t-k+1 … t
         self.conv = nn.Conv1d(hidden_size, hidden_size, conv_kernel_size, groups=hidden_size,
                               padding=conv_kernel_size - 1)
-        self.is_causal_mixer = causal
         self.rope_base = rope_base
         self.eps = eps
-
-    @property
-    def causal(self) -> bool:  # type: ignore[override]
-        return self.is_causal_mixer
 
     def forward(self, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         length = x.shape[1]
@@ -120,30 +108,22 @@ class GRELABlock(nn.Module):
 
 @dataclass
 class RecGRELAConfig(ModelConfig):
-    num_layers: int = 4
-    num_heads: int = 4
-    inner_size: int = 256
-    dropout: float = 0.1
-    drop_path: float = 0.1
-    conv_kernel_size: int = 4
-    rope_base: float = 10000.0
-    eps: float = 1e-6
+    num_layers: int = positive(4)
+    num_heads: int = heads(4)
+    inner_size: int = positive(256)
+    dropout: float = probability(0.1)
+    drop_path: float = probability(0.1)
+    conv_kernel_size: int = positive(4)
+    rope_base: float = knob(10000.0, above=1)
+    eps: float = knob(1e-6, above=0)
     causal: bool = False
 
     def constraint_errors(self) -> list[tuple[str, str]]:
         errors = super().constraint_errors()
-        heads = heads_divide_hidden(self, self.num_heads)
-        errors += heads
-        if not heads and (self.hidden_size // self.num_heads) % 2:
+        if "num_heads" not in dict(errors) and (self.hidden_size // self.num_heads) % 2:
             errors.append(("num_heads", f"must leave an even head size for RoPE's feature pairs; hidden_size="
                                         f"{self.hidden_size} / num_heads={self.num_heads} = "
                                         f"{self.hidden_size // self.num_heads}"))
-        errors += probability_errors(self, "dropout", "drop_path")
-        errors += at_least_one_errors(self, "num_layers", "inner_size", "conv_kernel_size")
-        if self.rope_base <= 1.0:
-            errors.append(("rope_base", f"must be > 1, got {self.rope_base}"))
-        if self.eps <= 0.0:
-            errors.append(("eps", f"must be > 0, got {self.eps}"))
         return errors
 
 
@@ -174,5 +154,5 @@ class RecGRELA(SeqRecModel):
     def item_weights(self) -> torch.Tensor:
         return self.items.weight
 
-    def extra_stats(self) -> dict[str, float]:
+    def stats(self) -> dict[str, float]:
         return {"rela_causal": float(self.config.causal)}

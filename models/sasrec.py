@@ -19,38 +19,21 @@ from dataclasses import dataclass
 
 import torch
 
-from models.base import (
-    ModelConfig,
-    SeqRecModel,
-    at_least_one_errors,
-    heads_divide_hidden,
-    init_weights,
-    probability_errors,
-)
+from models.base import ACTIVATIONS, ModelConfig, SeqRecModel, heads, init_weights, one_of, positive, probability
 from models.blocks import ATTENTION_BACKENDS, ItemEmbedding, SoftmaxAttention, TransformerBlock, TransformerEncoder
 from models.registry import register
 
 
 @dataclass
 class SASRecConfig(ModelConfig):
-    num_layers: int = 2
-    num_heads: int = 2
+    num_layers: int = positive(2)
+    num_heads: int = heads(2)
     inner_size: int = 256
-    dropout: float = 0.5
-    attn_dropout: float = 0.5
-    activation: str = "gelu"
+    dropout: float = probability(0.5)
+    attn_dropout: float = probability(0.5)
+    activation: str = one_of("gelu", ACTIVATIONS)
     norm_first: bool = False
-    attention_backend: str = "sdpa"
-
-    def constraint_errors(self) -> list[tuple[str, str]]:
-        errors = super().constraint_errors() + heads_divide_hidden(self, self.num_heads)
-        errors += probability_errors(self, "dropout", "attn_dropout")
-        errors += at_least_one_errors(self, "num_layers")
-        if self.attention_backend not in ATTENTION_BACKENDS:
-            errors.append(("attention_backend", f"must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}"))
-        if self.activation not in ("gelu", "relu", "silu"):
-            errors.append(("activation", f"must be gelu, relu or silu, got {self.activation!r}"))
-        return errors
+    attention_backend: str = one_of("sdpa", ATTENTION_BACKENDS)
 
 
 @register("sasrec")

@@ -20,19 +20,19 @@ from __future__ import annotations
 
 import torch
 
-from .._common import check_float, check_ndim, check_same, triton_dim_check, triton_dtype_check
-from .._dispatch import UnsupportedByTriton, dispatch
+from .._common import MAX_TRITON_HEAD_DIM, _triton_check, check_float, check_ndim, check_same
+from .._dispatch import dispatch
 from .naive import (
     apply_rope,
-    causal_linear_attention_naive,
-    causal_linear_attention_ref,
+    naive_chunk_causal_linear_attention,
+    naive_quadratic_causal_linear_attention,
     rope_theta,
 )
 
 __all__ = [
     "causal_linear_attention",
-    "causal_linear_attention_ref",
-    "causal_linear_attention_naive",
+    "naive_chunk_causal_linear_attention",
+    "naive_quadratic_causal_linear_attention",
     "apply_rope",
     "rope_theta",
 ]
@@ -57,14 +57,6 @@ def _validate(q, k, v, rope, eps) -> None:
         raise ValueError(f"rope=True needs an even head dim (pairs of features), got d={q.shape[-1]}")
     if not eps >= 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
-
-
-def _triton_check(q: torch.Tensor, v: torch.Tensor) -> None:
-    triton_dtype_check(q)
-    triton_dim_check("head dim d", q.shape[-1])
-    triton_dim_check("value dim dv", v.shape[-1])
-    if q.shape[2] == 0:
-        raise UnsupportedByTriton("empty sequence")
 
 
 def causal_linear_attention(
@@ -93,10 +85,12 @@ def causal_linear_attention(
         (B, H, N, dv) in the dtype of v.  Non-contiguous inputs are copied to contiguous on the Triton path.
     """
     _validate(q, k, v, rope, eps)
-    path = dispatch(OP, q, backend, lambda: _triton_check(q, v))
+    head_sizes = {"head dim d": (q.shape[-1], MAX_TRITON_HEAD_DIM), "value dim dv": (v.shape[-1], MAX_TRITON_HEAD_DIM)}
+    path = dispatch(OP, q, backend, lambda: _triton_check(
+        q, sizes=head_sizes, empty="empty sequence" if q.shape[2] == 0 else None))
     kwargs = dict(normalize=normalize, rope=rope, rope_base=rope_base, eps=eps)
     if path == "reference":
-        return causal_linear_attention_ref(q, k, v, **kwargs)
+        return naive_chunk_causal_linear_attention(q, k, v, **kwargs)
     from .._triton_utils import ensure_launchable
     from .chunk import CausalLinearAttentionFunction
 

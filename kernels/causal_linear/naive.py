@@ -7,8 +7,8 @@ spec recgrela.md §1.3, made causal as this project does; LinRec's causal form w
 rot_t is the identity when rope=False.  Both references compute in fp32 (fp64 for fp64 inputs) and return
 the dtype of ``v``:
 
-* :func:`causal_linear_attention_naive` -- the O(N²) masked form (materialises N×N; tests only);
-* :func:`causal_linear_attention_ref`   -- the chunked form used as the dispatch reference: inter-chunk
+* :func:`naive_quadratic_causal_linear_attention` -- the O(N²) masked form (materialises N×N; tests only);
+* :func:`naive_chunk_causal_linear_attention`   -- the chunked form used as the dispatch reference: inter-chunk
   d×dv prefix states plus intra-chunk masked T×T products, O(N·T·d + N·d·dv/T·...) memory.
 """
 
@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import torch
 
-
-def _compute_dtype(t: torch.Tensor) -> torch.dtype:
-    return torch.float64 if t.dtype == torch.float64 else torch.float32
+from .._common import _compute_dtype
 
 
 def rope_theta(
@@ -67,7 +65,7 @@ def _exclusive_cumsum(x: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.cat((zero, torch.cumsum(x, dim=dim).narrow(dim, 0, x.shape[dim] - 1)), dim=dim)
 
 
-def causal_linear_attention_naive(
+def naive_quadratic_causal_linear_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -89,7 +87,7 @@ def causal_linear_attention_naive(
     return (num / den).to(out_dtype)
 
 
-def causal_linear_attention_ref(
+def naive_chunk_causal_linear_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,

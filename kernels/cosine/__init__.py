@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import torch
 
-from .._common import check_float, check_ndim, check_same, triton_dim_check, triton_dtype_check
-from .._dispatch import UnsupportedByTriton, dispatch
-from .naive import COSINE_EPS, cosine_attention_quadratic, cosine_attention_ref, value_scale
+from .._common import MAX_TRITON_HEAD_DIM, _triton_check, check_float, check_ndim, check_same
+from .._dispatch import dispatch
+from .naive import COSINE_EPS, naive_cosine_attention, naive_quadratic_cosine_attention, value_scale
 
-__all__ = ["cosine_attention", "cosine_attention_ref", "cosine_attention_quadratic", "COSINE_EPS"]
+__all__ = ["cosine_attention", "naive_cosine_attention", "naive_quadratic_cosine_attention", "COSINE_EPS"]
 
 OP = "cosine_attention"
 
@@ -63,14 +63,6 @@ def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
         raise ValueError("mask and m must be on the device of q")
 
 
-def _triton_check(q: torch.Tensor, v: torch.Tensor) -> None:
-    triton_dtype_check(q)
-    triton_dim_check("head dim d", q.shape[-1])
-    triton_dim_check("value dim dv", v.shape[-1])
-    if q.shape[2] == 0:
-        raise UnsupportedByTriton("empty sequence")
-
-
 def cosine_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -96,9 +88,11 @@ def cosine_attention(
     Non-contiguous inputs are made contiguous (a copy) on the Triton path.
     """
     _validate(q, k, v, mask, m)
-    path = dispatch(OP, q, backend, lambda: _triton_check(q, v))
+    head_sizes = {"head dim d": (q.shape[-1], MAX_TRITON_HEAD_DIM), "value dim dv": (v.shape[-1], MAX_TRITON_HEAD_DIM)}
+    path = dispatch(OP, q, backend, lambda: _triton_check(
+        q, sizes=head_sizes, empty="empty sequence" if q.shape[2] == 0 else None))
     if path == "reference":
-        return cosine_attention_ref(q, k, v, mask, m)
+        return naive_cosine_attention(q, k, v, mask, m)
     from .._triton_utils import ensure_launchable
     from .fused import CosineAttentionFunction
 

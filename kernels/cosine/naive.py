@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import torch
 
+from .._common import _compute_dtype
+
 # eps inside the square root of the row norm: ||x|| -> sqrt(sum x^2 + eps) (paper §3.4). A zero row (e.g. a
 # zeroed padding row) then normalises to zero instead of NaN.
 COSINE_EPS = 1e-6
 
-
-def _compute_dtype(t: torch.Tensor) -> torch.dtype:
-    return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
 def value_scale(mask: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
@@ -31,7 +30,7 @@ def _normalise(x: torch.Tensor, maskf: torch.Tensor, eps: float) -> torch.Tensor
     return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps) * maskf
 
 
-def cosine_attention_ref(
+def naive_cosine_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -49,7 +48,7 @@ def cosine_attention_ref(
     return (qh @ state).to(q.dtype)
 
 
-def cosine_attention_quadratic(
+def naive_quadratic_cosine_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,

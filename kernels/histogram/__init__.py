@@ -28,11 +28,11 @@ import numbers
 
 import torch
 
-from .._common import check_float, check_ndim, triton_dim_check, triton_dtype_check
-from .._dispatch import UnsupportedByTriton, dispatch
-from .naive import causal_histogram_attention_ref, decayed_cumsum, gather_logits
+from .._common import _triton_check, check_float, check_ndim
+from .._dispatch import dispatch
+from .naive import decayed_cumsum, gather_logits, naive_causal_histogram_attention
 
-__all__ = ["causal_histogram_attention", "causal_histogram_attention_ref", "decayed_cumsum", "gather_logits"]
+__all__ = ["causal_histogram_attention", "naive_causal_histogram_attention", "decayed_cumsum", "gather_logits"]
 
 OP = "causal_histogram_attention"
 MAX_TRITON_W = 256
@@ -71,15 +71,6 @@ def _validate(assign, query_codes, logits_table, values, decay) -> None:
             raise ValueError(f"query_codes must lie in [0, W={W}), got values in [{lo}, {hi}]")
 
 
-def _triton_check(assign, logits_table, values) -> None:
-    for t in (assign, logits_table, values):
-        triton_dtype_check(t)
-    triton_dim_check("codewords per codebook W", assign.shape[-1], MAX_TRITON_W)
-    triton_dim_check("value dim D", values.shape[-1], MAX_TRITON_D)
-    if assign.shape[1] == 0 or assign.shape[2] == 0:
-        raise UnsupportedByTriton("empty sequence or no codebooks")
-
-
 def causal_histogram_attention(
     assign: torch.Tensor,
     query_codes: torch.Tensor,
@@ -101,9 +92,12 @@ def causal_histogram_attention(
     """
     _validate(assign, query_codes, logits_table, values, decay)
     decay = None if decay is None else float(decay)
-    path = dispatch(OP, assign, backend, lambda: _triton_check(assign, logits_table, values))
+    sizes = {"codewords per codebook W": (assign.shape[-1], MAX_TRITON_W),
+             "value dim D": (values.shape[-1], MAX_TRITON_D)}
+    empty = "empty sequence or no codebooks" if assign.shape[1] == 0 or assign.shape[2] == 0 else None
+    path = dispatch(OP, assign, backend, lambda: _triton_check(assign, logits_table, values, sizes=sizes, empty=empty))
     if path == "reference":
-        return causal_histogram_attention_ref(assign, query_codes, logits_table, values, decay=decay)
+        return naive_causal_histogram_attention(assign, query_codes, logits_table, values, decay=decay)
     from .._triton_utils import ensure_launchable
     from .chunk import CausalHistogramAttentionFunction
 

@@ -22,14 +22,13 @@ import math
 
 import torch
 
+from .._common import _compute_dtype
+
 SCAN_CHUNK = 64
 # exp(M − lse) is clamped at exp(60) in the gradient of *empty* bins only: an empty bin whose logit beats the
 # whole occupied row by > 60 nats would otherwise overflow to inf·0 = NaN.  Forward values are never clamped.
 EXP_CLAMP = 60.0
 
-
-def _compute_dtype(*ts: torch.Tensor) -> torch.dtype:
-    return torch.float64 if any(t.dtype == torch.float64 for t in ts) else torch.float32
 
 
 def decay_matrix(size: int, gamma: float, device, dtype, reverse: bool = False) -> torch.Tensor:
@@ -68,7 +67,7 @@ def gather_logits(logits_table: torch.Tensor, query_codes: torch.Tensor) -> torc
     return logits_table[torch.arange(C, device=logits_table.device), query_codes.long()]
 
 
-def causal_histogram_attention_ref(
+def naive_causal_histogram_attention(
     assign: torch.Tensor,
     query_codes: torch.Tensor,
     logits_table: torch.Tensor,

@@ -86,8 +86,8 @@ def objective_loss(objective: str, model: SeqRecModel, windows: torch.Tensor, *,
         loss = bce_loss(model, windows, generator)
     else:
         raise ValueError(f"unknown objective {objective!r}")
-    extra = model.extra_losses()
-    return loss if extra is None else loss + extra
+    aux = model.aux_loss()
+    return loss if aux is None else loss + aux
 
 
 def expand_prefixes(windows: np.ndarray, per_user: int, rng: np.random.Generator) -> np.ndarray:

@@ -219,7 +219,7 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
         report = EpochReport(epoch=epoch, train_loss=total_loss / max(steps, 1), valid=valid, best_epoch=best_epoch,
                              best_valid=best_valid, best_test=best_test, epoch_time_s=epoch_time,
                              train_time_s=train_time, throughput=throughputs[-1],
-                             wall_time_s=time.perf_counter() - started, extra=model.extra_stats())
+                             wall_time_s=time.perf_counter() - started, extra=model.stats())
         reports.append(report)
         if not steps_per_epoch:
             bar.update(1)
@@ -247,7 +247,7 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
         model=model_name, dataset_meta=data.meta, objective=objective, train_cfg=train_cfg,
         model_hparams=model.config.to_dict(),
         best_valid=best_valid, best_test=best_test, best_epoch=best_epoch, epochs_run=len(reports),
-        efficiency=figures, device=device, extra=model.extra_stats(), wall_time_s=time.perf_counter() - started,
+        efficiency=figures, device=device, extra=model.stats(), wall_time_s=time.perf_counter() - started,
         popularity={f"pop_{k}": v for k, v in popularity_metrics(data.test, data.item_popularity,
                                                                    negatives=negatives.get("test")).items()
                     if k == SELECTION_METRIC},

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import os
+import pytest
+import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton: kernels run on CPU
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-import kernels  # noqa: E402
-from kernels.testing import assert_close_rel, feature_map, linear_inputs  # noqa: E402
+import kernels
+from kernels.testing import assert_close_rel, feature_map, linear_inputs
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-2}
 VARIANTS = [(True, False), (True, True), (False, False), (False, True)]  # (normalize, rope)
@@ -48,8 +44,8 @@ def test_chunked_reference_equals_the_quadratic_form(normalize, rope, chunk):
     torch.manual_seed(0)
     q, k, v = feature_map(*linear_inputs(2, 2, 70, 8, dv=6, dtype=torch.float64, requires_grad=False))
     kw = dict(normalize=normalize, rope=rope)
-    fast = kernels.causal_linear_attention_ref(q, k, v, chunk_size=chunk, **kw)
-    slow = kernels.causal_linear_attention_naive(q, k, v, **kw)
+    fast = kernels.naive_chunk_causal_linear_attention(q, k, v, chunk_size=chunk, **kw)
+    slow = kernels.naive_quadratic_causal_linear_attention(q, k, v, **kw)
     assert_close_rel(fast, slow, 1e-12, "chunked vs O(N²)")
 
 
@@ -59,7 +55,7 @@ def test_quadratic_form_matches_a_per_position_loop():
     q, k, v = (torch.rand(1, 2, 7, 4, dtype=torch.float64) for _ in range(3))
     theta = kernels.rope_theta(2, 4, 10000.0)
     qr, kr = kernels.apply_rope(q, theta), kernels.apply_rope(k, theta)
-    out = kernels.causal_linear_attention_naive(q, k, v, rope=True, eps=1e-6)
+    out = kernels.naive_quadratic_causal_linear_attention(q, k, v, rope=True, eps=1e-6)
     for h in range(2):
         for t in range(7):
             num = sum((qr[0, h, t] @ kr[0, h, s]) * v[0, h, s] for s in range(t + 1))
@@ -101,7 +97,7 @@ def test_reference_gradcheck_float64(normalize, rope):
 
     def fn(q, k, v):
         fq, fk, fv = feature_map(q, k, v, mask)
-        return kernels.causal_linear_attention_ref(fq, fk, fv, normalize=normalize, rope=rope, chunk_size=4)
+        return kernels.naive_chunk_causal_linear_attention(fq, fk, fv, normalize=normalize, rope=rope, chunk_size=4)
 
     assert torch.autograd.gradcheck(fn, (q, k, v), fast_mode=True)
 
@@ -117,7 +113,7 @@ def test_triton_matches_reference(triton_backend, d, dtype, normalize, rope):
     out = kernels.causal_linear_attention(fq, fk, fv, backend=triton_backend, **kw)
     assert kernels.backend_used()["causal_linear_attention"] == "triton"
     grads = _grads(out, raw[:3])
-    ref = kernels.causal_linear_attention_naive(fq, fk, fv, **kw)
+    ref = kernels.naive_quadratic_causal_linear_attention(fq, fk, fv, **kw)
     ref_grads = _grads(ref, raw[:3])
     assert out.dtype == dtype
     assert_close_rel(out, ref, TOL[dtype], "o")
@@ -130,7 +126,7 @@ def test_triton_handles_value_dim_and_odd_head_dim(triton_backend):
     raw = linear_inputs(1, 2, 33, 9, dv=5)
     fq, fk, fv = feature_map(*raw)
     out = kernels.causal_linear_attention(fq, fk, fv, backend=triton_backend)
-    ref = kernels.causal_linear_attention_naive(fq, fk, fv)
+    ref = kernels.naive_quadratic_causal_linear_attention(fq, fk, fv)
     assert_close_rel(out, ref, 1e-5, "o")
     for g, rg in zip(_grads(out, raw[:3]), _grads(ref, raw[:3])):
         assert_close_rel(g, rg, 1e-5, "grad")

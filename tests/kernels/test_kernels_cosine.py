@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import os
+import pytest
+import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton: kernels run on CPU
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-import kernels  # noqa: E402
-from kernels.testing import assert_close_rel, cosine_inputs  # noqa: E402
+import kernels
+from kernels.testing import assert_close_rel, cosine_inputs
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-2}
 
@@ -43,8 +39,8 @@ def _grads(out, inputs, seed=0):
 def test_reassociated_reference_equals_the_quadratic_form():
     torch.manual_seed(0)
     q, k, v, mask, m = cosine_inputs(2, 2, 37, 8, dtype=torch.float64, n_pad=[0, 11])
-    fast = kernels.cosine_attention_ref(q, k, v, mask, m)
-    slow = kernels.cosine_attention_quadratic(q, k, v, mask, m)
+    fast = kernels.naive_cosine_attention(q, k, v, mask, m)
+    slow = kernels.naive_quadratic_cosine_attention(q, k, v, mask, m)
     assert_close_rel(fast, slow, 1e-12, "Q̂(K̂ᵀV′) vs (Q̂K̂ᵀ)V′")
 
 
@@ -52,7 +48,7 @@ def test_reference_matches_the_formula_written_out_by_hand():
     """Independent of naive.py: per-row loops with F.normalize-style maths and the n^σ(m) clamp."""
     torch.manual_seed(1)
     q, k, v, mask, m = cosine_inputs(1, 2, 9, 4, dtype=torch.float64, n_pad=[3], requires_grad=False)
-    out = kernels.cosine_attention_ref(q, k, v, mask, m)
+    out = kernels.naive_cosine_attention(q, k, v, mask, m)
     n = int(mask.sum())
     for h in range(2):
         c = max(1.0, n ** torch.sigmoid(m[h]).item())
@@ -71,7 +67,7 @@ def test_reference_gradcheck_float64():
     torch.manual_seed(2)
     q, k, v, mask, m = cosine_inputs(2, 2, 6, 4, dtype=torch.float64, n_pad=[0, 2])
     m = m.double().detach().requires_grad_()
-    assert torch.autograd.gradcheck(lambda *a: kernels.cosine_attention_ref(*a[:3], mask, a[3]), (q, k, v, m))
+    assert torch.autograd.gradcheck(lambda *a: kernels.naive_cosine_attention(*a[:3], mask, a[3]), (q, k, v, m))
 
 
 def test_dm_matches_the_closed_form_of_the_spec():
@@ -79,7 +75,7 @@ def test_dm_matches_the_closed_form_of_the_spec():
     torch.manual_seed(3)
     q, k, v, mask, m = cosine_inputs(2, 2, 10, 4, dtype=torch.float64, n_pad=[0, 4])
     m = m.double().detach().requires_grad_()
-    out = kernels.cosine_attention_ref(q, k, v, mask, m)
+    out = kernels.naive_cosine_attention(q, k, v, mask, m)
     do = torch.randn_like(out)
     (dm,) = torch.autograd.grad(out, (m,), do)
     with torch.no_grad():
@@ -118,7 +114,7 @@ def test_triton_handles_value_dim_and_odd_head_dim(triton_backend):
     torch.manual_seed(5)
     q, k, v, mask, m = cosine_inputs(2, 1, 19, 12, dv=20, n_pad=[5, 0])
     out = kernels.cosine_attention(q, k, v, mask, m, backend=triton_backend)
-    ref = kernels.cosine_attention_ref(q, k, v, mask, m)
+    ref = kernels.naive_cosine_attention(q, k, v, mask, m)
     assert_close_rel(out, ref, 1e-5, "o")
     for g, rg in zip(_grads(out, (q, k, v, m)), _grads(ref, (q, k, v, m))):
         assert_close_rel(g, rg, 1e-5, "grad")
@@ -185,4 +181,4 @@ def test_unsupported_head_dim_errors_when_forced_and_falls_back_under_auto(trito
         kernels.cosine_attention(q64, k64, v64, mask, m, backend="triton")
     out = kernels.cosine_attention(q, k, v, mask, m, backend="auto")  # CPU -> reference anyway
     assert kernels.backend_used()["cosine_attention"] == "reference"
-    assert torch.allclose(out, kernels.cosine_attention_ref(q, k, v, mask, m))
+    assert torch.allclose(out, kernels.naive_cosine_attention(q, k, v, mask, m))

@@ -7,14 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton: kernels run on CPU
+import pytest
+import torch
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-import kernels  # noqa: E402
-from kernels import _dispatch  # noqa: E402
-from kernels.testing import cosine_inputs, histogram_inputs  # noqa: E402
+import kernels
+from kernels import _dispatch
+from kernels.testing import cosine_inputs, histogram_inputs
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,6 +11,7 @@ import torch
 import models
 from models.blocks import SoftmaxAttention, TransformerBlock
 from models.elastic import DispatcherLayer, ElasticConfig, product_key_topk
+from study.train.metrics import evaluate
 from study.train.objectives import objective_loss, resolve_objective
 from study.train.trainer import TrialData, run_trial
 
@@ -24,13 +25,6 @@ ABLATIONS = {
 }
 
 
-def _items(num_items: int, length: int, lengths: list[int], seed: int = 0) -> torch.Tensor:
-    """Left-padded windows with the given numbers of real items."""
-    generator = torch.Generator().manual_seed(seed)
-    items = torch.randint(1, num_items + 1, (len(lengths), length), generator=generator)
-    for row, real in enumerate(lengths):
-        items[row, :length - real] = 0
-    return items
 
 
 def _build(**overrides) -> models.SeqRecModel:
@@ -73,7 +67,7 @@ def test_bad_config_names_the_key_and_the_constraint(overrides, key, text):
     assert text in str(caught.value) and f"{key}:" in str(caught.value)
 
 
-def test_all_errors_are_reported_together_and_max_len_need_not_divide_by_the_pool_size():
+def test_all_errors_are_reported_together_and_max_len_need_not_divide_by_the_pool_size(left_padded):
     errors = ElasticConfig(num_items=5, num_experts=10, top_k=5, pool_size=0, query_net="max").constraint_errors()
     assert {key for key, _ in errors} == {"num_experts", "top_k", "pool_size", "query_net"}
     # 22 = 3·7 + 1: the query network left-pads each level instead of requiring divisibility
@@ -81,14 +75,14 @@ def test_all_errors_are_reported_together_and_max_len_need_not_divide_by_the_poo
     assert ElasticConfig(**{**SMALL, "max_len": 22, "pool_size": 3}).constraint_errors() == []
     assert len(model.memory.levels) == 3  # 22 → 8 → 3 → 1
     with torch.no_grad():
-        assert torch.isfinite(model(_items(60, 22, [22, 5, 1]))).all()
+        assert torch.isfinite(model(left_padded(60, 22, [22, 5, 1]))).all()
 
 
 @pytest.mark.parametrize("ablation", list(ABLATIONS))
-def test_padding_does_not_leak_into_real_positions(ablation):
+def test_padding_does_not_leak_into_real_positions(ablation, left_padded, assert_differ):
     """What sits in the padding (embedding row 0, positions of padded slots) never reaches the output."""
     model = _build(**ABLATIONS[ablation])
-    items = _items(60, 22, [7, 4, 7])  # every row has >= 15 padded slots
+    items = left_padded(60, 22, [7, 4, 7])  # every row has >= 15 padded slots
     with torch.no_grad():
         before = model(items)
         model.embedding.items.weight[0].normal_()
@@ -96,17 +90,17 @@ def test_padding_does_not_leak_into_real_positions(ablation):
         after = model(items)
         assert torch.allclose(before, after, atol=1e-5)
         model.embedding.positions.weight[20].normal_()  # a real position: the output must move
-        assert not torch.allclose(before[:, -7:], model(items)[:, -7:], atol=1e-3)
+        assert_differ(before[:, -7:], model(items)[:, -7:], atol=1e-3)
 
 
-def test_elastic_is_not_causal_so_the_trainer_refuses_all_position_training():
+def test_elastic_is_not_causal_so_the_trainer_refuses_all_position_training(left_padded, assert_differ):
     model = _build()
-    items = _items(60, 22, [22, 22])
+    items = left_padded(60, 22, [22, 22])
     changed = items.clone()
     changed[:, -1] = changed[:, -1] % 60 + 1
     with torch.no_grad():
         earlier_before, earlier_after = model(items)[:, :-1], model(changed)[:, :-1]
-    assert not torch.allclose(earlier_before, earlier_after, atol=1e-4)  # the future leaks through P and q
+    assert_differ(earlier_before, earlier_after, atol=1e-4)  # the future leaks through P and q
     assert model.default_objective == "last" and not model.is_causal
     assert resolve_objective(model, "auto") == "last"
     for objective in ("causal", "bce"):
@@ -114,9 +108,9 @@ def test_elastic_is_not_causal_so_the_trainer_refuses_all_position_training():
             resolve_objective(model, objective)
 
 
-def test_last_hidden_equals_the_newest_position_of_forward():
+def test_last_hidden_equals_the_newest_position_of_forward(left_padded):
     model = _build()
-    items = _items(60, 22, [22, 9, 1])
+    items = left_padded(60, 22, [22, 9, 1])
     with torch.no_grad():
         assert torch.allclose(model.last_hidden(items), model(items)[:, -1], atol=1e-5)
 
@@ -130,12 +124,12 @@ def test_imr_off_uses_one_learned_interest_set_for_every_user():
     p = model.interests(x, valid)
     assert p.shape == (4, 3, 16)
     assert all(torch.equal(p[i], model.shared_interests) for i in range(4))
-    assert model.extra_stats() == {}
+    assert model.stats() == {}
 
 
-def test_dispatcher_off_items_interact_only_through_the_interest_tokens():
+def test_dispatcher_off_items_interact_only_through_the_interest_tokens(left_padded):
     """dispatcher=False: X attends to P⁰ only, so with P⁰ fixed, position t sees item t and nothing else."""
-    items = _items(60, 22, [22, 22, 22])
+    items = left_padded(60, 22, [22, 22, 22])
     changed = items.clone()
     changed[:, :-1] = changed[:, :-1] % 60 + 1  # every item but the newest
     fixed = torch.randn(3, 3, 16)
@@ -153,21 +147,21 @@ def test_dispatcher_off_items_interact_only_through_the_interest_tokens():
     assert not any("aggregate" in n or "ffn_p" in n for n in names)
 
 
-def test_mean_query_is_the_masked_mean_of_the_embeddings():
+def test_mean_query_is_the_masked_mean_of_the_embeddings(left_padded):
     model = _build(query_net="mean")
     assert len(model.memory.levels) == 0
     x = torch.randn(3, 22, 16)
-    valid = _items(60, 22, [22, 5, 1]) > 0
+    valid = left_padded(60, 22, [22, 5, 1]) > 0
     expected = torch.stack([x[i][valid[i]].mean(0) for i in range(3)])
     assert torch.allclose(model.memory.query(x, valid), expected, atol=1e-6)
 
 
 @pytest.mark.parametrize("ablation", list(ABLATIONS))
-def test_gradients_reach_every_parameter_on_a_real_batch(ml100k, ablation):
+def test_gradients_reach_every_parameter_on_a_batch(synthetic, ablation):
     torch.manual_seed(0)
-    model = models.build("elastic", num_items=ml100k.num_items, max_len=50, num_experts=64, top_k=4,
+    model = models.build("elastic", num_items=synthetic.num_items, max_len=50, num_experts=64, top_k=4,
                          **ABLATIONS[ablation])
-    windows = torch.as_tensor(ml100k.train[:64], dtype=torch.long)
+    windows = torch.as_tensor(synthetic.train[:64], dtype=torch.long)
     loss = objective_loss("last", model, windows, mask_prob=0.2, generator=torch.Generator().manual_seed(0))
     loss.backward()
     for name, parameter in model.named_parameters():
@@ -180,22 +174,23 @@ def test_gradients_reach_every_parameter_on_a_real_batch(ml100k, ablation):
             assert model.memory.levels[0].pool.weight.grad.abs().sum() > 0
 
 
-def test_expert_usage_counts_exactly_the_first_eval_pass_after_training():
+def test_expert_usage_counts_exactly_the_first_eval_pass_after_training(left_padded):
     model = _build(num_experts=64, top_k=4)
     selected = []
     model.memory.register_forward_hook(lambda module, args, out: selected.append(out[1]))
-    train_items, eval_items = _items(60, 22, [22] * 8, seed=1), _items(60, 22, [22, 12, 3, 1] * 10, seed=2)
+    train_items, eval_items = left_padded(60, 22, [22] * 8, seed=1), left_padded(60, 22, [22, 12, 3, 1] * 10, seed=2)
 
     model.train()
     model(train_items)  # counts nothing, but arms the next evaluation pass
     model.eval()
     selected.clear()
     with torch.no_grad():
+        model.item_weights()  # an evaluator opens its pass by fetching the item table
         model.last_hidden(eval_items[:25])
         model.last_hidden(eval_items[25:])
     ids = torch.cat(selected).flatten()
     assert int(model.memory.counts.sum()) == 40 * 4 == ids.numel()
-    stats = model.extra_stats()
+    stats = model.stats()
     assert stats["expert_usage_rate"] == pytest.approx(len(torch.unique(ids)) / 64)
     shares = torch.bincount(ids, minlength=64).double() / ids.numel()
     entropy = -(shares[shares > 0] * shares[shares > 0].log()).sum().item()
@@ -207,6 +202,7 @@ def test_expert_usage_counts_exactly_the_first_eval_pass_after_training():
     model.train()
     model.eval()  # a second pass without training in between (the trainer's test pass) is not counted
     with torch.no_grad():
+        model.item_weights()
         model.last_hidden(train_items)
     assert torch.equal(model.memory.counts, counts)
     state = {k: v.clone() for k, v in model.state_dict().items()}
@@ -214,10 +210,37 @@ def test_expert_usage_counts_exactly_the_first_eval_pass_after_training():
     model(train_items)
     model.eval()  # a new epoch's evaluation starts from zero
     with torch.no_grad():
+        model.item_weights()
         model.last_hidden(train_items[:2])
     assert int(model.memory.counts.sum()) == 2 * 4
     model.load_state_dict(state)  # a restored checkpoint carries the counts of its own validation pass
     assert torch.equal(model.memory.counts, counts)
+
+
+def test_the_evaluator_counts_its_validation_pass_and_not_the_test_pass(synthetic):
+    """What run_trial does each epoch: train, evaluate valid (counted), evaluate test (not counted)."""
+    torch.manual_seed(0)
+    model = models.build("elastic", num_items=synthetic.num_items, max_len=50, hidden_size=16, num_experts=16,
+                         top_k=3, inner_size=32)
+    model.train()
+    model(torch.as_tensor(synthetic.train[:8, :-1], dtype=torch.long))
+    evaluate(model, synthetic.valid, batch_size=64, device=torch.device("cpu"))
+    assert int(model.memory.counts.sum()) == len(synthetic.valid.targets) * 3
+    counts = model.memory.counts.clone()
+    evaluate(model, synthetic.test, batch_size=64, device=torch.device("cpu"))
+    assert torch.equal(model.memory.counts, counts)
+    assert model.training  # the evaluator restored the mode; no train() override was involved
+    assert model.stats()["expert_selections"] == len(synthetic.valid.targets) * 3
+    # an epoch without a test pass leaves its counted validation pass open; then the trainer restores the best
+    # epoch and probes efficiency with eval forwards that belong to no evaluation pass and must not be counted
+    model.train()
+    model(torch.as_tensor(synthetic.train[:8, :-1], dtype=torch.long))
+    evaluate(model, synthetic.valid, batch_size=64, device=torch.device("cpu"))
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    model.load_state_dict(state)
+    with torch.no_grad():
+        model.eval().last_hidden(torch.as_tensor(synthetic.test.inputs[:5], dtype=torch.long))
+    assert torch.equal(model.memory.counts, state["memory.counts"])
 
 
 def _saved_bytes(module: torch.nn.Module, *inputs: torch.Tensor) -> int:

@@ -19,12 +19,6 @@ SMALL = {"num_items": 40, "max_len": 16, "hidden_size": 16, "inner_size": 16, "n
 VARIANTS = {"base": {}, "soft": {"variant": "soft"}, "mini": {"variant": "mini"}}
 
 
-def _items(num_items: int, length: int, lengths: list[int], seed: int = 0) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    items = torch.randint(1, num_items + 1, (len(lengths), length), generator=generator)
-    for row, real in enumerate(lengths):
-        items[row, :length - real] = 0
-    return items
 
 
 def _build(name: str = "lisa", **overrides) -> models.SeqRecModel:
@@ -102,9 +96,9 @@ def _naive_histogram_attention(codes: torch.Tensor, assign: torch.Tensor, valid:
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("decay", [0.0, 0.1])
-def test_model_histogram_equals_a_naive_count_of_its_codes(monkeypatch, variant, decay):
+def test_model_histogram_equals_a_naive_count_of_its_codes(monkeypatch, variant, decay, left_padded):
     model = _build(decay=decay, **VARIANTS[variant])
-    items = _items(40, 16, [16, 9, 1])
+    items = left_padded(40, 16, [16, 9, 1])
     seen, kernel = {}, lisa_module.causal_histogram_attention
 
     def spy(assign, query_codes, logits_table, values, *, decay=None):
@@ -127,7 +121,7 @@ def test_model_histogram_equals_a_naive_count_of_its_codes(monkeypatch, variant,
     assert torch.allclose(mixed.double(), expected, atol=1e-5)
 
 
-def test_one_codebook_with_exact_codewords_equals_softmax_attention_over_the_items():
+def test_one_codebook_with_exact_codewords_equals_softmax_attention_over_the_items(left_padded):
     """B = 1 and every item embedding is exactly a codeword: Eq. 4's histogram form is exact (Eq. 3)."""
     width, words = 16, 6
     model = _build(num_codebooks=1, num_codewords=words, decay=0.0)
@@ -137,7 +131,7 @@ def test_one_codebook_with_exact_codewords_equals_softmax_attention_over_the_ite
         model.quantizer.bilinear.copy_(torch.eye(width))
         item_codes = torch.arange(41) % words
         model.items.weight.copy_(model.quantizer.codebooks[0, item_codes] / model.scale)
-    items = _items(40, 16, [16, 11, 4])
+    items = left_padded(40, 16, [16, 11, 4])
     valid = items > 0
     with torch.no_grad():
         quantized = model.quantizer(model.embed(items))
@@ -163,9 +157,9 @@ def _future_leak(model: models.SeqRecModel, items: torch.Tensor, t: int) -> floa
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("decay", [0.0, 0.1])
-def test_every_variant_is_causal(variant, decay):
+def test_every_variant_is_causal(variant, decay, left_padded):
     model = _build(decay=decay, **VARIANTS[variant])
-    items = _items(40, 16, [16, 12, 9])
+    items = left_padded(40, 16, [16, 12, 9])
     for t in (8, 12):
         assert _future_leak(model, items, t) == 0.0
     changed = items.clone()
@@ -174,18 +168,18 @@ def test_every_variant_is_causal(variant, decay):
         assert (model(items)[:, 13] - model(changed)[:, 13]).abs().max() > 1e-4
 
 
-def test_the_causality_probe_detects_a_non_causal_model():
+def test_the_causality_probe_detects_a_non_causal_model(left_padded):
     torch.manual_seed(0)
     model = models.build("elastic", num_items=40, max_len=16, hidden_size=16, num_experts=16, top_k=3,
                          dropout=0.0, attn_dropout=0.0).eval()
-    assert _future_leak(model, _items(40, 16, [16, 12, 9]), 8) > 1e-4
+    assert _future_leak(model, left_padded(40, 16, [16, 12, 9]), 8) > 1e-4
 
 
-def test_no_tensor_is_n_by_n():
+def test_no_tensor_is_n_by_n(left_padded):
     """Every tensor made in a training step (forward, aux loss, backward) has at most one axis of length N."""
     length = 97  # a length no other axis has
     model = models.build("lisa", **{**SMALL, "max_len": length, "variant": "soft"}).train()
-    items = _items(40, length, [97, 60])
+    items = left_padded(40, length, [97, 60])
     windows = torch.cat([items, items[:, -1:] % 40 + 1], 1)
     shapes = []
 
@@ -222,29 +216,34 @@ def test_targets_per_variant():
         assert len(torch.unique(mini.item_weights()[1:], dim=0)) <= 10 ** 2
 
 
-def test_soft_variant_adds_its_reconstruction_loss():
-    items = _items(40, 16, [16, 5])
+def test_soft_variant_adds_its_reconstruction_loss(left_padded):
+    items = left_padded(40, 16, [16, 5])
     soft, base = _build(variant="soft", aux_weight=0.01).train(), _build().train()
     soft(items)
     base(items)
-    assert base.extra_losses() is None
+    assert base.aux_loss() is None
     embedded = soft.embed(items)
     recon = soft.quantizer(embedded, soft=True).vectors
     expected = 0.01 * (embedded - recon).pow(2).sum(-1)[items > 0].mean()
-    assert torch.allclose(soft.extra_losses(), expected)
+    assert torch.allclose(soft.aux_loss(), expected)
+    assert soft.aux_loss() is None  # handed out once: a later step's loss never adds it again
     # its gradient reaches the embeddings only (the reconstruction is a fixed target)
     soft.zero_grad()
     soft(items)
-    soft.extra_losses().backward()
+    soft.aux_loss().backward()
     assert soft.items.weight.grad.abs().sum() > 0 and soft.quantizer.codebooks.grad is None
+    # an evaluation forward records nothing: no loss term, no graph kept alive
+    with torch.no_grad():
+        soft.eval()(items)
+    assert soft.aux_loss() is None
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_gradients_reach_every_parameter_on_a_real_batch(ml100k, variant):
+def test_gradients_reach_every_parameter_on_a_batch(synthetic, variant):
     torch.manual_seed(0)
-    model = models.build("lisa", num_items=ml100k.num_items, max_len=50, hidden_size=32, inner_size=32,
+    model = models.build("lisa", num_items=synthetic.num_items, max_len=50, hidden_size=32, inner_size=32,
                          num_codebooks=4, num_codewords=16, **VARIANTS[variant])
-    windows = torch.as_tensor(ml100k.train[:64], dtype=torch.long)
+    windows = torch.as_tensor(synthetic.train[:64], dtype=torch.long)
     loss = objective_loss("bce", model, windows, mask_prob=0.2, generator=torch.Generator().manual_seed(0))
     loss.backward()
     for name, parameter in model.named_parameters():

@@ -1,5 +1,5 @@
 """Micro-benchmark of the mixers: Triton path vs torch reference vs SDPA (flash and math) as the quadratic
-baseline.  ``python -m kernels.bench [--quick]``; see ``--help``.
+baseline.  ``python -m benchmarks.kernels [--quick]``; see ``--help``.
 
 For each sequence length N it reports forward and forward+backward time (warm-up runs, then the median of
 ``--repeats`` runs) and peak memory.  Peak memory is the CUDA allocator peak during the call minus what was
@@ -165,7 +165,7 @@ def _quadratic_gib(B: int, N: int, dtype: torch.dtype) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.kernels", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help=f"smoke run: N in {QUICK_LENGTHS}, batch 4")
     parser.add_argument("--lengths", type=int, nargs="+", help=f"sequence lengths (default {FULL_LENGTHS})")
     parser.add_argument("--batch", type=int, help="batch size (default 32 on GPU, 8 on CPU, 4 with --quick)")
