@@ -58,6 +58,7 @@ class BERT4RecConfig(ModelConfig):
     attn_dropout: float = 0.1
     activation: str = "gelu"
     attention_backend: str = "sdpa"
+    ffn_inner_dropout: bool = False  # True: dropout between the FFN linears too (pre-#15 form, not RecBole)
 
     def constraint_errors(self) -> list[tuple[str, str]]:
         errors = super().constraint_errors() + heads_divide_hidden(self, self.num_heads)
@@ -88,7 +89,8 @@ class BERT4Rec(SeqRecModel):
         c = config
         self.embedding = ItemEmbedding(c.num_items, c.max_len, c.hidden_size, c.dropout, extra_tokens=1)
         self.encoder = TransformerEncoder([
-            TransformerBlock(self.make_mixer(c), c.hidden_size, c.inner_size, c.dropout, c.activation)
+            TransformerBlock(self.make_mixer(c), c.hidden_size, c.inner_size, c.dropout, c.activation,
+                             ffn_inner_dropout=c.ffn_inner_dropout)
             for _ in range(c.num_layers)
         ])
         self.head = nn.Sequential(nn.Linear(c.hidden_size, c.hidden_size), nn.GELU(),

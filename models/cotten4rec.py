@@ -67,6 +67,7 @@ class Cotten4RecConfig(ModelConfig):
     activation: str = "gelu"
     m_init: float = 0.5
     causal: bool = False
+    ffn_inner_dropout: bool = False  # True: dropout between the FFN linears too (pre-#15 form, not RecBole)
 
     def constraint_errors(self) -> list[tuple[str, str]]:
         errors = super().constraint_errors() + heads_divide_hidden(self, self.num_heads)
