@@ -49,6 +49,7 @@ class BERT4RecConfig(ModelConfig):
     attn_dropout: float = probability(0.1)
     activation: str = one_of("gelu", ACTIVATIONS)
     attention_backend: str = one_of("sdpa", ATTENTION_BACKENDS)
+    ffn_inner_dropout: bool = False  # True: dropout between the FFN linears too (pre-#15 form, not RecBole)
 
 
 @register("bert4rec")
@@ -63,7 +64,8 @@ class BERT4Rec(SeqRecModel):
         c = config
         self.embedding = ItemEmbedding(c.num_items, c.max_len, c.hidden_size, c.dropout, extra_tokens=1)
         self.encoder = TransformerEncoder([
-            TransformerBlock(self.make_mixer(c), c.hidden_size, c.inner_size, c.dropout, c.activation)
+            TransformerBlock(self.make_mixer(c), c.hidden_size, c.inner_size, c.dropout, c.activation,
+                             ffn_inner_dropout=c.ffn_inner_dropout)
             for _ in range(c.num_layers)
         ])
         self.head = nn.Sequential(nn.Linear(c.hidden_size, c.hidden_size), nn.GELU(),

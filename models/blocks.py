@@ -94,12 +94,20 @@ class SoftmaxAttention(TokenMixer):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, hidden_size: int, inner_size: int, dropout: float, activation: str = "gelu"):
+    """Linear → activation → Linear, RecBole's ``FeedForward`` without its residual and LayerNorm.
+
+    RecBole drops out only the branch's output (the caller's ``x + drop(ffn(x))``), never between the two
+    linears, so that is the default. ``inner_dropout=True`` adds ``dropout`` between them, the form this
+    project used before issue #15; it is kept so results recorded with it can be reproduced.
+    """
+
+    def __init__(self, hidden_size: int, inner_size: int, dropout: float, activation: str = "gelu",
+                 inner_dropout: bool = False):
         super().__init__()
         self.up = nn.Linear(hidden_size, inner_size)
         self.down = nn.Linear(inner_size, hidden_size)
         self.activation = {"gelu": nn.GELU(), "relu": nn.ReLU(), "silu": nn.SiLU()}[activation]
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = nn.Dropout(dropout) if inner_dropout else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(self.dropout(self.activation(self.up(x))))
@@ -131,10 +139,11 @@ class TransformerBlock(nn.Module):
     """
 
     def __init__(self, mixer: TokenMixer, hidden_size: int, inner_size: int, dropout: float,
-                 activation: str = "gelu", norm_first: bool = False, eps: float = 1e-12):
+                 activation: str = "gelu", norm_first: bool = False, eps: float = 1e-12,
+                 ffn_inner_dropout: bool = False):
         super().__init__()
         self.mixer = mixer
-        self.ffn = FeedForward(hidden_size, inner_size, dropout, activation)
+        self.ffn = FeedForward(hidden_size, inner_size, dropout, activation, ffn_inner_dropout)
         self.norm_mix = nn.LayerNorm(hidden_size, eps=eps)
         self.norm_ffn = nn.LayerNorm(hidden_size, eps=eps)
         self.dropout = nn.Dropout(dropout)

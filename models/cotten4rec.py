@@ -67,6 +67,7 @@ class Cotten4RecConfig(ModelConfig):
     activation: str = one_of("gelu", ACTIVATIONS)
     m_init: float = 0.5
     causal: bool = False
+    ffn_inner_dropout: bool = False  # True: dropout between the FFN linears too (pre-#15 form, not RecBole)
 
 
 @register("cotten4rec")

@@ -28,8 +28,18 @@ Choices stated explicitly:
   sqrt(Σ_{s≤t} k_sj² + eps). Because it depends on the query time t and the feature j only, it moves
   onto the query: Σ_{s≤t} Σ_j q̂_tj (k_sj / n_tj) v_s = Σ_{s≤t} (q̂_t / n_t)·k_s v_s, so the kernel's
   plain prefix sum with q̂_t / n_t is exact. It keeps the paper's normalisation at every step instead
-  of switching to per-row keys, and at t = L - 1 it equals the non-causal form exactly, so a model
-  trained causally is the paper's model at the position that is ranked.
+  of switching to per-row keys. What holds exactly is per mixer: given the same inputs, the causal
+  mixer's output at t = L - 1 equals the non-causal one. For the whole model that carries over only
+  with ``num_layers = 1``. From the second layer on, the keys and values at earlier positions are
+  the first layer's outputs there, which differ between the two forms (a causal position sees only
+  its prefix). So a 2-layer model trained causally is a close relative of the paper's model, not
+  the same function: with shared weights its ranked hidden state differs by about 5e-4 on real windows.
+- ``feature_map="elu"`` is LinRec as the Cotten4Rec paper describes its baseline (spec §4): φ = ELU + 1 on
+  Q and K, ``O = φ(Q) (φ(K)ᵀ V)``, with no L2 normalisation, no denominator and no 1/√d_head (its
+  formula has none). ``key_norm`` then has no effect. ``feature_map="l2"`` (default) is LinRec's own paper.
+- ``cloze=True`` puts the mixer inside BERT4Rec, Cotten4Rec's setting for that baseline: a mask token
+  (id ``num_items + 1``), BERT's prediction transform ``LN(GELU(W h + b))`` before the tied output,
+  training with ``cloze`` (or ``last``) and ranking through an appended mask token, as ``models/bert4rec.py``.
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 import kernels
 from models.base import ACTIVATIONS, ModelConfig, SeqRecModel, heads, init_weights, one_of, positive, probability
@@ -46,17 +57,25 @@ from models.mixers import LinearAttentionMixer, row_l2, zero_padding
 from models.registry import register
 
 KEY_NORMS = ("column", "row")
+FEATURE_MAPS = ("l2", "elu")
 NORM_EPS = 1e-6
 
 
 class LinRecAttention(LinearAttentionMixer):
-    """ELU + L2-normalised linear attention, bidirectional or causal (prefix sums)."""
+    """ELU + L2-normalised linear attention (or ELU + 1 without norms), bidirectional or causal (prefix sums)."""
 
-    def __init__(self, hidden_size: int, num_heads: int, causal: bool, key_norm: str = "column"):
+    def __init__(self, hidden_size: int, num_heads: int, causal: bool, key_norm: str = "column",
+                 feature_map: str = "l2"):
         super().__init__(hidden_size, num_heads, causal)
         self.key_norm = key_norm
+        self.feature_map = feature_map
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        if self.feature_map == "elu":
+            q, k, v = F.elu(q) + 1.0, zero_padding(F.elu(k) + 1.0, valid), zero_padding(v, valid)
+            if self.causal:
+                return kernels.causal_linear_attention(q, k, v, normalize=False)
+            return q @ (k.transpose(-1, -2) @ v)
         scale = q.shape[-1] ** -0.5
         q = row_l2(F.elu(q), NORM_EPS)
         k, v = zero_padding(F.elu(k), valid), zero_padding(v, valid)
@@ -83,30 +102,50 @@ class LinRecConfig(ModelConfig):
     activation: str = one_of("gelu", ACTIVATIONS)
     key_norm: str = one_of("column", KEY_NORMS)
     causal: bool = False
+    feature_map: str = one_of("l2", FEATURE_MAPS)
+    cloze: bool = False
+    ffn_inner_dropout: bool = False  # True: dropout between the FFN linears too (pre-#15 form, not RecBole)
+
+    def constraint_errors(self) -> list[tuple[str, str]]:
+        errors = super().constraint_errors()
+        if self.cloze and self.causal:  # a rule between two fields, so not field metadata
+            errors.append(("cloze", "the BERT4Rec (cloze) form is bidirectional; it cannot be combined with causal"))
+        return errors
 
 
 @register("linrec")
 class LinRec(SeqRecModel):
     config_class = LinRecConfig
     # The class lists every objective some configuration supports; each instance narrows it by `causal`.
-    objectives = ("causal", "last", "bce")
+    objectives = ("causal", "last", "cloze", "bce")
     default_objective = "last"
 
     def __init__(self, config: LinRecConfig):
         super().__init__(config)
         c = config
-        self.narrow_objectives(c.causal, otherwise=("last",))
-        self.embedding = ItemEmbedding(c.num_items, c.max_len, c.hidden_size, c.dropout)
+        self.narrow_objectives(c.causal, otherwise=("cloze", "last") if c.cloze else ("last",))
+        self.embedding = ItemEmbedding(c.num_items, c.max_len, c.hidden_size, c.dropout, extra_tokens=int(c.cloze))
         self.encoder = TransformerEncoder([
-            TransformerBlock(LinRecAttention(c.hidden_size, c.num_heads, c.causal, c.key_norm),
-                             c.hidden_size, c.inner_size, c.dropout, c.activation)
+            TransformerBlock(LinRecAttention(c.hidden_size, c.num_heads, c.causal, c.key_norm, c.feature_map),
+                             c.hidden_size, c.inner_size, c.dropout, c.activation,
+                             ffn_inner_dropout=c.ffn_inner_dropout)
             for _ in range(c.num_layers)
         ])
+        # BERT4Rec's prediction transform, only in the cloze (BERT4Rec-backbone) form
+        self.head = (nn.Sequential(nn.Linear(c.hidden_size, c.hidden_size), nn.GELU(),
+                                   nn.LayerNorm(c.hidden_size, eps=1e-12)) if c.cloze else nn.Identity())
         self.apply(init_weights)
 
     def forward(self, items: torch.Tensor) -> torch.Tensor:
         valid = items > 0
-        return self.encoder(self.embedding(items), valid)
+        return self.head(self.encoder(self.embedding(items), valid))
+
+    def last_hidden(self, items: torch.Tensor) -> torch.Tensor:
+        if not self.config.cloze:
+            return super().last_hidden(items)
+        # as BERT4Rec: drop the oldest item and ask for the next one through the mask token
+        mask = torch.full_like(items[:, :1], self.mask_token)
+        return self.forward(torch.cat([items[:, 1:], mask], dim=1))[:, -1]
 
     def item_weights(self) -> torch.Tensor:
-        return self.embedding.items.weight
+        return self.embedding.items.weight[: self.config.num_items + 1]  # the mask token is never ranked

@@ -34,6 +34,7 @@ class SASRecConfig(ModelConfig):
     activation: str = one_of("gelu", ACTIVATIONS)
     norm_first: bool = False
     attention_backend: str = one_of("sdpa", ATTENTION_BACKENDS)
+    ffn_inner_dropout: bool = False  # True: dropout between the FFN linears too (pre-#15 form, not RecBole)
 
 
 @register("sasrec")
@@ -50,6 +51,7 @@ class SASRec(SeqRecModel):
             TransformerBlock(
                 SoftmaxAttention(c.hidden_size, c.num_heads, c.attn_dropout, causal=True, backend=c.attention_backend),
                 c.hidden_size, c.inner_size, c.dropout, c.activation, c.norm_first,
+                ffn_inner_dropout=c.ffn_inner_dropout,
             )
             for _ in range(c.num_layers)
         ], final_norm=torch.nn.LayerNorm(c.hidden_size, eps=1e-12) if c.norm_first else None)

@@ -4,12 +4,14 @@ A window's last column is the newest item. The objectives read it differently:
 - ``causal``: next-item softmax CE at every position (input = window[:, :-1], target = window[:, 1:]).
   Efficient, and correct only for causal models.
 - ``last``: CE at the last position only (input = window[:, :-1], target = window[:, -1]). Windows are
-  prefixes of user sequences, produced by :func:`expand_prefixes`, which is RecBole's augmentation.
+  prefixes of whole user histories, produced by :func:`history_prefix_windows`, RecBole's augmentation.
 - ``cloze``: BERT4Rec's masked-item CE over the newest L items.
 - ``bce``: the original SASRec loss, one uniformly sampled negative per position.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -90,23 +92,30 @@ def objective_loss(objective: str, model: SeqRecModel, windows: torch.Tensor, *,
     return loss if aux is None else loss + aux
 
 
-def expand_prefixes(windows: np.ndarray, per_user: int, rng: np.random.Generator) -> np.ndarray:
-    """Turn user windows (U, L + 1) into prefix windows, each ending at one training target.
+def history_prefix_windows(items: np.ndarray, starts: np.ndarray, lengths: np.ndarray, max_len: int, per_user: int,
+                           batch_size: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
+    """Shuffled batches of prefix windows (B, max_len + 1) over users' whole training histories.
 
-    ``per_user = 0`` keeps every prefix (RecBole's augmentation); otherwise ``per_user`` targets are
-    drawn per user with replacement. Built with one gather, no loop over users.
+    User u's training sequence is ``items[starts[u] : starts[u] + lengths[u]]``. Every item of it except
+    the first is a target; its window holds the up to ``max_len`` items before it (left-padded) and the
+    target last. ``per_user = 0`` yields every target once, which is RecBole's augmentation (one sample
+    per training item after the first, however long the history); otherwise ``per_user`` targets per user
+    are drawn with replacement. The order is shuffled with ``rng``; only the targets are kept in memory,
+    each batch is one gather, so a long dataset never materialises all its windows at once.
     """
-    width = windows.shape[1]
-    has_input = np.zeros_like(windows, dtype=bool)
-    has_input[:, 1:] = (windows[:, 1:] > 0) & (windows[:, :-1] > 0)
-    users, ends = np.nonzero(has_input)
-    if per_user and len(users):
-        counts = np.bincount(users, minlength=len(windows))
-        offsets = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    starts, counts = np.asarray(starts, dtype=np.int64), np.maximum(np.asarray(lengths, dtype=np.int64) - 1, 0)
+    if per_user:
         owners = np.repeat(np.flatnonzero(counts), per_user)
-        picks = offsets[owners] + (rng.random(len(owners)) * counts[owners]).astype(np.int64)
-        users, ends = users[picks], ends[picks]
-    columns = ends[:, None] - (width - 1) + np.arange(width)[None, :]
-    prefixes = windows[users[:, None], np.clip(columns, 0, None)]
-    prefixes[columns < 0] = 0
-    return prefixes
+        offsets = (rng.random(len(owners)) * counts[owners]).astype(np.int64)
+    else:
+        owners = np.repeat(np.arange(len(counts)), counts)
+        offsets = np.arange(len(owners)) - np.repeat(np.cumsum(counts) - counts, counts)
+    targets = starts[owners] + 1 + offsets  # positions in `items`; the owner's first item is never a target
+    order = rng.permutation(len(targets))
+    span = np.arange(-max_len, 1)
+    for begin in range(0, len(order), batch_size):
+        picked = order[begin:begin + batch_size]
+        columns = targets[picked, None] + span
+        windows = items[np.maximum(columns, 0)]
+        windows[columns < starts[owners[picked], None]] = 0  # before the user's first item: padding
+        yield windows

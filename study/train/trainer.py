@@ -30,7 +30,7 @@ from study.train import efficiency
 from study.train.config import SELECTION_METRIC, TrainConfig, parse_assignments, split_settings
 from study.train.cost import EpochCost, estimate_epoch
 from study.train.metrics import EvalSplit, NonFiniteScores, evaluate, popularity_metrics, sample_negatives
-from study.train.objectives import expand_prefixes, resolve_objective
+from study.train.objectives import history_prefix_windows, resolve_objective
 from study.train.results import make_result, to_json_line
 from study.train.step import NonFiniteLoss, TrainStep
 
@@ -118,17 +118,19 @@ def user_batches(windows: np.ndarray, batch_size: int, rng: np.random.Generator)
         yield windows[order[start:start + batch_size]]
 
 
-def objective_batches(user_windows: Iterable[np.ndarray], objective: str, batch_size: int, prefixes_per_user: int,
-                      rng: np.random.Generator) -> Iterable[np.ndarray]:
-    """For ``last``, expand user windows into shuffled prefix windows; other objectives pass through."""
+def epoch_windows(data: TrialData, users: Iterable[np.ndarray], objective: str, train_cfg: TrainConfig,
+                  rng: np.random.Generator) -> Iterable[np.ndarray]:
+    """One epoch's training batches. Other objectives train on the user windows as they come; ``last`` builds
+    its prefixes from every user's whole training history, which every trial holds in ``data`` (the validation
+    split's histories end right before the validation target), so it never reads ``users``.
+    """
     if objective != "last":
-        yield from user_windows
+        yield from users
         return
-    for windows in user_windows:
-        prefixes = expand_prefixes(windows, prefixes_per_user, rng)
-        prefixes = prefixes[rng.permutation(len(prefixes))]
-        for start in range(0, len(prefixes), batch_size):
-            yield prefixes[start:start + batch_size]
+    histories = data.valid
+    yield from history_prefix_windows(histories.history_items, histories.history_starts, histories.history_lengths,
+                                      data.train.shape[1] - 1, train_cfg.prefixes_per_user, train_cfg.batch_size,
+                                      rng)
 
 
 def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | None = None, *,
@@ -185,8 +187,7 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
         users = train_batches(epoch) if train_batches else user_batches(data.train, train_cfg.batch_size, rng)
         total_loss, sequences, steps = 0.0, 0, 0
         try:
-            for windows in objective_batches(users, objective, train_cfg.batch_size, train_cfg.prefixes_per_user,
-                                             rng):
+            for windows in epoch_windows(data, users, objective, train_cfg, rng):
                 batch = torch.as_tensor(windows, dtype=torch.long, device=device)
                 try:
                     loss = step(batch, check_finite=True)
@@ -260,8 +261,8 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
 def epoch_cost(step: TrainStep, data: TrialData, train_cfg: TrainConfig, device: torch.device) -> EpochCost:
     """The cost of one epoch of this trial (its batches drawn with a separate generator: training is unchanged)."""
     rng = np.random.default_rng(train_cfg.seed)
-    batches = list(objective_batches(user_batches(data.train, train_cfg.batch_size, rng), step.objective,
-                                     train_cfg.batch_size, train_cfg.prefixes_per_user, rng))
+    batches = list(epoch_windows(data, user_batches(data.train, train_cfg.batch_size, rng), step.objective, train_cfg,
+                                 rng))
     return estimate_epoch(step, batches, device, float(data.meta.get("length", {}).get("median", float("nan"))))
 
 
@@ -269,8 +270,7 @@ def efficiency_figures(model_name: str, model_hparams: dict, train_cfg: TrainCon
                         model: SeqRecModel, device: torch.device) -> dict:
     windows = user_batches(data.train, train_cfg.batch_size, np.random.default_rng(0))
     settings = {**asdict(train_cfg), "objective": resolve_objective(model, train_cfg.objective)}
-    batch = next(objective_batches(windows, settings["objective"], train_cfg.batch_size,
-                                   train_cfg.prefixes_per_user, np.random.default_rng(0)))
+    batch = next(iter(epoch_windows(data, windows, settings["objective"], train_cfg, np.random.default_rng(0))))
     try:
         threads = train_cfg.num_threads or torch.get_num_threads()
         peak_mb, method = efficiency.peak_train_memory_mb(model_name, model_hparams, settings, batch, device,

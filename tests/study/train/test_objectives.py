@@ -2,37 +2,102 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
 import models
-from study.train.objectives import expand_prefixes, objective_loss, resolve_objective
-from study.train.trainer import TrialData
+from study.train.config import TrainConfig
+from study.train.objectives import history_prefix_windows, objective_loss, resolve_objective
+from study.train.trainer import TrialData, epoch_windows
 
 
-def test_every_prefix_is_expanded_exactly_once():
-    windows = np.array([[0, 0, 3, 4, 5], [0, 0, 0, 0, 7], [1, 2, 3, 4, 5]])
-    prefixes = expand_prefixes(windows, 0, np.random.default_rng(0))
-    naive = []
-    for row in windows:
-        for end in range(1, len(row)):
-            if row[end] > 0 and row[end - 1] > 0:
-                prefix = np.zeros(len(row), dtype=row.dtype)
-                kept = row[:end + 1]
-                prefix[len(row) - len(kept):] = kept
-                naive.append(prefix)
-    assert sorted(map(tuple, prefixes)) == sorted(map(tuple, naive))
-    assert len(prefixes) == 2 + 0 + 4
+def naive_prefixes(histories: list[list[int]], max_len: int) -> list[tuple[int, ...]]:
+    """One window per training item after the first: the up to max_len items before it, then the item."""
+    windows = []
+    for history in histories:
+        for end in range(1, len(history)):
+            kept = history[max(0, end - max_len):end + 1]
+            windows.append((0,) * (max_len + 1 - len(kept)) + tuple(kept))
+    return windows
 
 
-def test_sampled_prefixes_come_from_each_user():
-    windows = np.array([[0, 3, 4, 5, 6], [0, 0, 8, 9, 10]])
-    prefixes = expand_prefixes(windows, 3, np.random.default_rng(0))
-    assert len(prefixes) == 6
-    first_user = prefixes[:3]
-    assert set(first_user[:, -1]) <= {4, 5, 6}
-    assert set(prefixes[3:, -1]) <= {9, 10}
+def as_flat(histories: list[list[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    lengths = np.array([len(h) for h in histories])
+    return np.concatenate([np.array(h) for h in histories]), np.cumsum(lengths) - lengths, lengths
+
+
+def test_every_prefix_of_the_whole_history_is_one_window():
+    histories = [[3, 4, 5, 6, 7, 8, 9], [11], [12, 13], [1, 2, 3, 4]]
+    items, starts, lengths = as_flat(histories)
+    batches = list(history_prefix_windows(items, starts, lengths, 3, 0, 4, np.random.default_rng(0)))
+    assert [len(b) for b in batches] == [4, 4, 2]  # 6 + 0 + 1 + 3 targets
+    windows = np.concatenate(batches)
+    assert sorted(map(tuple, windows)) == sorted(naive_prefixes(histories, 3))
+    # a window never reaches into the previous user's items
+    assert (0, 0, 12, 13) in set(map(tuple, windows)) and (0, 0, 1, 2) in set(map(tuple, windows))
+
+
+def test_each_epoch_shuffles_the_windows_differently():
+    histories = [list(range(1, 40)), list(range(50, 90))]
+    items, starts, lengths = as_flat(histories)
+    rng = np.random.default_rng(0)
+    first, second = (np.concatenate(list(history_prefix_windows(items, starts, lengths, 5, 0, 8, rng)))
+                     for _ in range(2))
+    assert sorted(map(tuple, first)) == sorted(map(tuple, second))
+    assert not np.array_equal(first, second)
+
+
+def test_sampled_prefixes_come_from_each_users_whole_history():
+    histories = [list(range(1, 31)), [40, 41, 42]]
+    items, starts, lengths = as_flat(histories)
+    windows = np.concatenate(list(history_prefix_windows(items, starts, lengths, 4, 50, 1000,
+                                                         np.random.default_rng(0))))
+    assert len(windows) == 100
+    allowed = set(naive_prefixes(histories, 4))
+    assert set(map(tuple, windows)) <= allowed
+    targets = windows[:, -1]
+    assert np.count_nonzero(targets >= 40) == 50 and set(targets[targets >= 40]) == {41, 42}
+    assert targets[targets < 40].min() < 10  # early targets, outside the last max_len + 1 items, are drawn too
+
+
+def recbole_sample_count(inter_file: Path, kcore: int) -> int:
+    """RecBole's augmentation count from the raw file: per user, (training length - 1), summed.
+
+    Leave-one-out keeps the last two interactions for validation and test, so training length = n - 2.
+    """
+    frame = pd.read_csv(inter_file, sep="\t", usecols=[0, 1])
+    frame.columns = ["user", "item"]
+    while True:  # iterative k-core over users and items
+        users, items = frame["user"].map(frame["user"].value_counts()), frame["item"].map(frame["item"].value_counts())
+        kept = frame[(users >= kcore) & (items >= kcore)]
+        if len(kept) == len(frame):
+            break
+        frame = kept
+    per_user = frame.groupby("user").size()
+    return int((per_user - 2 - 1).clip(lower=0).sum())
+
+
+def test_last_epoch_has_recboles_sample_count_on_ml100k(ml100k_prepared, shared_datasets):
+    max_len = 50
+    data = TrialData.from_prepared(ml100k_prepared, max_len=max_len)
+    config = TrainConfig(batch_size=4096, prefixes_per_user=0)
+    windows = np.concatenate(list(epoch_windows(data, iter(()), "last", config, np.random.default_rng(0))))
+    assert len(windows) == recbole_sample_count(shared_datasets / "ml-100k" / "ml-100k.inter", kcore=5)
+    # the stored windows (max_len + 1 items per user) hold well under half of them
+    assert len(expand_stored_windows(data.train)) < 0.5 * len(windows)
+    split = data.valid
+    histories = [split.history_items[start:start + length].tolist()
+                 for start, length in zip(split.history_starts, split.history_lengths)]
+    assert sorted(map(tuple, windows.tolist())) == sorted(naive_prefixes(histories, max_len))
+
+
+def expand_stored_windows(windows: np.ndarray) -> np.ndarray:
+    """Targets the old expansion saw: real items with a real item before them inside the stored window."""
+    return np.flatnonzero(((windows[:, 1:] > 0) & (windows[:, :-1] > 0)).ravel())
 
 
 @pytest.mark.parametrize("objective", ["causal", "last", "bce"])
@@ -42,7 +107,10 @@ def test_each_objective_decreases_its_loss_on_a_real_batch(lastfm_prepared, obje
     model = models.build("sasrec", num_items=data.num_items, max_len=50, dropout=0.0, attn_dropout=0.0)
     windows = data.train[:64]
     if objective == "last":
-        windows = expand_prefixes(windows, 1, np.random.default_rng(0))
+        split = data.valid
+        starts, lengths = split.history_starts[:64], split.history_lengths[:64]
+        rng = np.random.default_rng(0)
+        windows = next(history_prefix_windows(split.history_items, starts, lengths, 50, 1, 64, rng))
     batch = torch.as_tensor(windows, dtype=torch.long)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     generator = torch.Generator().manual_seed(0)
