@@ -37,15 +37,16 @@ def _full_softmax_ce(hidden: torch.Tensor, targets: torch.Tensor, weights: torch
     return F.cross_entropy(logits, targets)
 
 
-def causal_loss(model: SeqRecModel, windows: torch.Tensor) -> torch.Tensor:
+def causal_loss(model: SeqRecModel, windows: torch.Tensor, users: torch.Tensor | None = None) -> torch.Tensor:
     inputs, targets = windows[:, :-1], windows[:, 1:]
-    hidden = model(inputs)
+    hidden = model(inputs, **model.user_inputs(users))
     scored = (targets > 0) & (inputs > 0)
     return _full_softmax_ce(hidden[scored], targets[scored], model.item_weights())
 
 
-def last_loss(model: SeqRecModel, windows: torch.Tensor) -> torch.Tensor:
-    return _full_softmax_ce(model.last_hidden(windows[:, :-1]), windows[:, -1], model.item_weights())
+def last_loss(model: SeqRecModel, windows: torch.Tensor, users: torch.Tensor | None = None) -> torch.Tensor:
+    hidden = model.last_hidden(windows[:, :-1], **model.user_inputs(users))
+    return _full_softmax_ce(hidden, windows[:, -1], model.item_weights())
 
 
 def cloze_loss(model: SeqRecModel, windows: torch.Tensor, mask_prob: float, generator: torch.Generator) -> torch.Tensor:
@@ -59,9 +60,10 @@ def cloze_loss(model: SeqRecModel, windows: torch.Tensor, mask_prob: float, gene
     return _full_softmax_ce(hidden[masked], items[masked], model.item_weights())
 
 
-def bce_loss(model: SeqRecModel, windows: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+def bce_loss(model: SeqRecModel, windows: torch.Tensor, generator: torch.Generator,
+             users: torch.Tensor | None = None) -> torch.Tensor:
     inputs, targets = windows[:, :-1], windows[:, 1:]
-    hidden = model(inputs)
+    hidden = model(inputs, **model.user_inputs(users))
     scored = (targets > 0) & (inputs > 0)
     hidden, positives = hidden[scored], targets[scored]
     weights = model.item_weights()
@@ -75,26 +77,29 @@ def bce_loss(model: SeqRecModel, windows: torch.Tensor, generator: torch.Generat
 
 
 def objective_loss(objective: str, model: SeqRecModel, windows: torch.Tensor, *, mask_prob: float,
-                   generator: torch.Generator) -> torch.Tensor:
+                   generator: torch.Generator, users: torch.Tensor | None = None) -> torch.Tensor:
+    """``users`` (B,): the user of each window, read only by models that set ``needs_users`` (FPMC)."""
     if objective == "causal":
-        loss = causal_loss(model, windows)
+        loss = causal_loss(model, windows, users)
     elif objective == "last":
-        loss = last_loss(model, windows)
+        loss = last_loss(model, windows, users)
     elif objective == "cloze":
         loss = cloze_loss(model, windows, mask_prob, generator)
     elif objective == "bce":
-        loss = bce_loss(model, windows, generator)
+        loss = bce_loss(model, windows, generator, users)
     else:
         raise ValueError(f"unknown objective {objective!r}")
     extra = model.extra_losses()
     return loss if extra is None else loss + extra
 
 
-def expand_prefixes(windows: np.ndarray, per_user: int, rng: np.random.Generator) -> np.ndarray:
+def expand_prefixes(windows: np.ndarray, per_user: int, rng: np.random.Generator, *,
+                    return_rows: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Turn user windows (U, L + 1) into prefix windows, each ending at one training target.
 
     ``per_user = 0`` keeps every prefix (RecBole's augmentation); otherwise ``per_user`` targets are
-    drawn per user with replacement. Built with one gather, no loop over users.
+    drawn per user with replacement. Built with one gather, no loop over users. ``return_rows`` also
+    returns each prefix's row in ``windows``, so a user id can follow its prefixes.
     """
     width = windows.shape[1]
     has_input = np.zeros_like(windows, dtype=bool)
@@ -109,4 +114,4 @@ def expand_prefixes(windows: np.ndarray, per_user: int, rng: np.random.Generator
     columns = ends[:, None] - (width - 1) + np.arange(width)[None, :]
     prefixes = windows[users[:, None], np.clip(columns, 0, None)]
     prefixes[columns < 0] = 0
-    return prefixes
+    return (prefixes, users) if return_rows else prefixes

@@ -117,17 +117,55 @@ def user_batches(windows: np.ndarray, batch_size: int, rng: np.random.Generator)
         yield windows[order[start:start + batch_size]]
 
 
+class WindowOwners:
+    """The user id of each training window, for models that read it (``needs_users``, e.g. FPMC).
+
+    Batches from Ray Data carry the windows only, so a window's user is found by its content; rows of
+    ``TrialData.train`` are users 0..U-1 (study.data). Users whose cropped windows are identical cannot be told
+    apart; the lowest id is used, which only matters when ``max_len + 1`` covers their whole sequences.
+    """
+
+    def __init__(self, train: np.ndarray):
+        self.users: dict[bytes, int] = {}
+        for user, row in enumerate(np.asarray(train, dtype=np.int64)):
+            self.users.setdefault(row.tobytes(), user)
+
+    def __call__(self, windows: np.ndarray) -> np.ndarray:
+        try:
+            return np.array([self.users[row.tobytes()] for row in np.asarray(windows, dtype=np.int64)], np.int64)
+        except KeyError:
+            raise UserError("a training batch holds a window that is no user's training window; models that "
+                            "read user ids need the trial's own training windows") from None
+
+
+def with_user_count(model_name: str, model_hparams: dict, meta: dict) -> dict:
+    """Add ``num_users`` from the dataset for models that read user ids; a different value given by hand is an error."""
+    if not models.model_class(model_name).needs_users:
+        return model_hparams
+    num_users = int(meta["num_users"])
+    if model_hparams.get("num_users", num_users) != num_users:
+        raise UserError(f"num_users={model_hparams['num_users']} but {meta.get('name', 'the dataset')} has "
+                        f"{num_users} users; set it to {num_users} (or leave it unset: the trainer sizes it)")
+    return {**model_hparams, "num_users": num_users}
+
+
 def objective_batches(user_windows: Iterable[np.ndarray], objective: str, batch_size: int, prefixes_per_user: int,
-                      rng: np.random.Generator) -> Iterable[np.ndarray]:
-    """For ``last``, expand user windows into shuffled prefix windows; other objectives pass through."""
-    if objective != "last":
-        yield from user_windows
-        return
+                      rng: np.random.Generator, owners: WindowOwners | None = None,
+                      ) -> Iterable[tuple[np.ndarray, np.ndarray | None]]:
+    """For ``last``, expand user windows into shuffled prefix windows; other objectives pass through.
+
+    Each batch comes with its windows' user ids when ``owners`` is given (models that need them), else None.
+    """
     for windows in user_windows:
-        prefixes = expand_prefixes(windows, prefixes_per_user, rng)
-        prefixes = prefixes[rng.permutation(len(prefixes))]
+        users = owners(windows) if owners is not None else None
+        if objective != "last":
+            yield windows, users
+            continue
+        prefixes, rows = expand_prefixes(windows, prefixes_per_user, rng, return_rows=True)
+        order = rng.permutation(len(prefixes))
+        prefixes, rows = prefixes[order], rows[order]
         for start in range(0, len(prefixes), batch_size):
-            yield prefixes[start:start + batch_size]
+            yield prefixes[start:start + batch_size], None if users is None else users[rows[start:start + batch_size]]
 
 
 def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | None = None, *,
@@ -143,7 +181,8 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
     max_len = model_hparams.get("max_len", models.model_class(model_name).config_class.max_len)
     if not isinstance(data, TrialData):
         data = TrialData.from_prepared(data, max_len)
-    model_hparams = {**model_hparams, "num_items": data.num_items, "max_len": max_len}
+    model_hparams = with_user_count(model_name, {**model_hparams, "num_items": data.num_items, "max_len": max_len},
+                                    data.meta)
     if train_cfg.num_threads:
         torch.set_num_threads(train_cfg.num_threads)
     device = resolve_device(train_cfg.device)
@@ -153,6 +192,7 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
     step = TrainStep(model, train_cfg)
     objective = step.objective
     rng = np.random.default_rng(train_cfg.seed)
+    owners = WindowOwners(data.train) if model.needs_users else None
 
     negatives = {}
     if train_cfg.eval_mode == "sampled":
@@ -176,10 +216,12 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
         model.train()
         users = train_batches(epoch) if train_batches else user_batches(data.train, train_cfg.batch_size, rng)
         total_loss, sequences, steps = 0.0, 0, 0
-        for windows in objective_batches(users, objective, train_cfg.batch_size, train_cfg.prefixes_per_user, rng):
+        for windows, window_users in objective_batches(users, objective, train_cfg.batch_size,
+                                                       train_cfg.prefixes_per_user, rng, owners):
             batch = torch.as_tensor(windows, dtype=torch.long, device=device)
+            batch_users = None if window_users is None else torch.as_tensor(window_users, device=device)
             try:
-                loss = step(batch, check_finite=True)
+                loss = step(batch, check_finite=True, users=batch_users)
             except NonFiniteLoss as error:
                 raise NonFiniteLoss(f"{error} at epoch {epoch}, step {steps + 1}") from None
             total_loss += loss.item()
@@ -232,12 +274,13 @@ def efficiency_figures(model_name: str, model_hparams: dict, train_cfg: TrainCon
                         model: SeqRecModel, device: torch.device) -> dict:
     windows = user_batches(data.train, train_cfg.batch_size, np.random.default_rng(0))
     settings = {**asdict(train_cfg), "objective": resolve_objective(model, train_cfg.objective)}
-    batch = next(objective_batches(windows, settings["objective"], train_cfg.batch_size,
-                                   train_cfg.prefixes_per_user, np.random.default_rng(0)))
+    owners = WindowOwners(data.train) if model.needs_users else None
+    batch, users = next(objective_batches(windows, settings["objective"], train_cfg.batch_size,
+                                          train_cfg.prefixes_per_user, np.random.default_rng(0), owners))
     try:
         threads = train_cfg.num_threads or torch.get_num_threads()
         peak_mb, method = efficiency.peak_train_memory_mb(model_name, model_hparams, settings, batch, device,
-                                                          num_threads=threads)
+                                                          num_threads=threads, users=users)
     except RuntimeError as error:
         peak_mb, method = float("nan"), f"failed: {error}"
     p50, p95 = efficiency.inference_latency_ms(model, data.test.inputs, device)
@@ -268,7 +311,11 @@ def main(argv: list[str] | None = None) -> int:
         settings = parse_assignments(args.settings)
         train_cfg, model_hparams = split_settings(args.model, settings)
         max_len = model_hparams.get("max_len", models.model_class(args.model).config_class.max_len)
-        models.make_config(args.model, **{**model_hparams, "num_items": 1, "max_len": max_len})
+        # num_items (and num_users, for models that read them) come from the data: placeholders to validate the rest
+        placeholders = {"num_items": 1, "max_len": max_len}
+        if models.model_class(args.model).needs_users:
+            placeholders["num_users"] = model_hparams.get("num_users", 1)
+        models.make_config(args.model, **{**model_hparams, **placeholders})
         path = prepare(args.dataset, source=args.source, max_len=max_len, kcore=args.kcore,
                        progress=not args.no_progress)
         result = run_trial(args.model, TrialData.from_prepared(path, max_len), settings, progress=not args.no_progress)
