@@ -283,7 +283,8 @@ def efficiency_figures(model_name: str, model_hparams: dict, train_cfg: TrainCon
                                                           num_threads=threads, users=users)
     except RuntimeError as error:
         peak_mb, method = float("nan"), f"failed: {error}"
-    p50, p95 = efficiency.inference_latency_ms(model, data.test.inputs, device)
+    test_users = np.arange(len(data.test.inputs)) if model.needs_users else None  # split rows are users 0..U-1
+    p50, p95 = efficiency.inference_latency_ms(model, data.test.inputs, device, users=test_users)
     return {"peak_mem_mb": peak_mb, "peak_mem_method": method, "infer_ms_p50": p50, "infer_ms_p95": p95}
 
 

@@ -270,3 +270,17 @@ def test_learning_beats_popularity_on_lastfm(name, settings, lastfm_prepared):
     assert result["objective"] == "causal"
     if name == "fpmc":
         assert result["config"]["num_users"] == data.meta["num_users"]
+
+
+@pytest.mark.parametrize("name,hparams", [("hstu", HSTU_SMALL), ("fpmc", {"num_users": 1, "hidden_size": 6})])
+def test_scaling_cells_run_without_user_ids(name, hparams):
+    # the scaling study times windows, not users: its train step and serving call carry no user ids
+    from study.train.efficiency import inference_latency_ms
+    from study.train.step import build_step
+
+    model_hparams = {**hparams, "num_items": NUM_ITEMS, "max_len": MAX_LEN}
+    step = build_step(name, model_hparams, {"objective": "last"}, torch.device("cpu"))
+    windows = torch.cat([tiny_windows(), torch.randint(1, NUM_ITEMS + 1, (3, 1))], dim=1)
+    assert torch.isfinite(step(windows))
+    p50, p95 = inference_latency_ms(step.model, tiny_windows().numpy(), torch.device("cpu"), warmup=0, repeats=2)
+    assert 0 < p50 <= p95
