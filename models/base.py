@@ -153,6 +153,9 @@ class SeqRecModel(nn.Module):
     default_objective: ClassVar[str] = "causal"
     # Models trained with ``cloze`` reserve id ``num_items + 1`` as the mask token.
     uses_mask_token: ClassVar[bool] = False
+    # Models that read the user id (FPMC's user-item term) set this; the trainer, the objectives and the evaluator
+    # then pass ``users`` (B,) long to them, and only to them, so every other model keeps the items-only contract.
+    needs_users: ClassVar[bool] = False
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -164,6 +167,10 @@ class SeqRecModel(nn.Module):
         ``causal``); a bidirectional one only with ``otherwise``, whose first entry becomes the default."""
         self.objectives = ("causal", "last", "bce") if causal else otherwise
         self.default_objective = self.objectives[0]
+
+    def user_inputs(self, users: torch.Tensor | None) -> dict[str, torch.Tensor | None]:
+        """Keyword arguments for :meth:`forward` / :meth:`last_hidden`: ``users`` for models that ask for it."""
+        return {"users": users} if self.needs_users else {}
 
     @property
     def mask_token(self) -> int:

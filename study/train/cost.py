@@ -47,23 +47,23 @@ class EpochCost:
         return text
 
 
-def estimate_epoch(step: TrainStep, batches: list[np.ndarray], device: torch.device, median_length: float,
-                   repeats: int = 3) -> EpochCost:
-    """Cost of one epoch made of ``batches`` ((B, L + 1) windows each), timing a copy of ``step``'s model."""
-    windows = sum(len(batch) for batch in batches)
-    tokens = sum(batch[:, :-1].size for batch in batches)
-    real = sum(int(np.count_nonzero(batch[:, :-1])) for batch in batches)
-    largest = max(batches, key=len)
+def estimate_epoch(step: TrainStep, batches: list[tuple[np.ndarray, torch.Tensor | None]], device: torch.device,
+                   median_length: float, repeats: int = 3) -> EpochCost:
+    """Cost of one epoch made of ``batches`` ((B, L + 1) windows and their user ids), timing a copy of the model."""
+    windows = sum(len(batch) for batch, _ in batches)
+    tokens = sum(batch[:, :-1].size for batch, _ in batches)
+    real = sum(int(np.count_nonzero(batch[:, :-1])) for batch, _ in batches)
+    largest, users = max(batches, key=lambda pair: len(pair[0]))
     cpu_state = torch.get_rng_state()
     cuda_state = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
     try:
         trial = TrainStep(copy.deepcopy(step.model), step.train)
         batch = torch.as_tensor(largest, dtype=torch.long, device=device)
-        trial(batch)  # warm-up: allocator, kernels, lazy initialisation
+        trial(batch, users=users)  # warm-up: allocator, kernels, lazy initialisation
         timings = []
         for _ in range(repeats):
             begin = time.perf_counter()
-            trial(batch).item()  # .item() waits for the device
+            trial(batch, users=users).item()  # .item() waits for the device
             timings.append(time.perf_counter() - begin)
     finally:
         torch.set_rng_state(cpu_state)

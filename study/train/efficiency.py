@@ -83,14 +83,15 @@ def measure_peak_mb(run: Callable[[], object], device: torch.device) -> tuple[fl
 
 
 def _cpu_step_child(model_name: str, model_hparams: dict, train_settings: dict, windows: np.ndarray,
-                    num_threads: int, queue: multiprocessing.Queue) -> None:
+                    num_threads: int, queue: multiprocessing.Queue, users: np.ndarray | None = None) -> None:
     try:
         torch.set_num_threads(max(1, num_threads))
         from study.train.step import build_step  # imported here: the child starts from a fresh interpreter
 
         step = build_step(model_name, model_hparams, train_settings, torch.device("cpu"))
         batch = torch.as_tensor(windows, dtype=torch.long)
-        peak_mb, exact = measure_peak_mb(lambda: step(batch), torch.device("cpu"))
+        batch_users = None if users is None else torch.as_tensor(users, dtype=torch.long)
+        peak_mb, exact = measure_peak_mb(lambda: step(batch, users=batch_users), torch.device("cpu"))
         queue.put((peak_mb, CPU_METHOD if exact else CPU_FALLBACK_METHOD, None))
     except Exception as error:  # reported to the parent, which records it with the trial
         queue.put((float("nan"), CPU_METHOD, f"{type(error).__name__}: {error}"))
@@ -98,18 +99,21 @@ def _cpu_step_child(model_name: str, model_hparams: dict, train_settings: dict, 
 
 def peak_train_memory_mb(model_name: str, model_hparams: dict, train_settings: dict, windows: np.ndarray,
                          device: torch.device, *, num_threads: int = 1, timeout_s: float = 300.0,
-                         ) -> tuple[float, str]:
-    """Peak memory (MiB) of one training step on ``windows`` (B, L + 1), and how it was measured."""
+                         users: np.ndarray | None = None) -> tuple[float, str]:
+    """Peak memory (MiB) of one training step on ``windows`` (B, L + 1), and how it was measured.
+
+    ``users`` (B,): the windows' user ids, for models that read them (``needs_users``)."""
     if device.type == "cuda":
         from study.train.step import build_step
 
         step = build_step(model_name, model_hparams, train_settings, device)
         batch = torch.as_tensor(windows, dtype=torch.long, device=device)
-        return measure_peak_mb(lambda: step(batch), device)[0], CUDA_METHOD
+        batch_users = None if users is None else torch.as_tensor(users, dtype=torch.long, device=device)
+        return measure_peak_mb(lambda: step(batch, users=batch_users), device)[0], CUDA_METHOD
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     child = context.Process(target=_cpu_step_child,
-                            args=(model_name, model_hparams, train_settings, windows, num_threads, queue))
+                            args=(model_name, model_hparams, train_settings, windows, num_threads, queue, users))
     child.start()
     try:
         peak_mb, method, error = queue.get(timeout=timeout_s)
@@ -125,7 +129,8 @@ def peak_train_memory_mb(model_name: str, model_hparams: dict, train_settings: d
 
 @torch.no_grad()
 def inference_latency_ms(model: SeqRecModel, inputs: np.ndarray, device: torch.device, *, batch_users: int = 256,
-                         warmup: int = 3, repeats: int = 20, top_k: int = 20) -> tuple[float, float]:
+                         warmup: int = 3, repeats: int = 20, top_k: int = 20,
+                         users: np.ndarray | None = None) -> tuple[float, float]:
     """p50 and p95 milliseconds to recommend the top-k of all items for one batch of users.
 
     The batch is real users' inputs; timing covers the encoder, the full scoring matmul and top-k,
@@ -134,9 +139,12 @@ def inference_latency_ms(model: SeqRecModel, inputs: np.ndarray, device: torch.d
     was_training = model.training
     model.eval()
     batch = torch.as_tensor(inputs[:batch_users], dtype=torch.long, device=device)
+    # the trainer passes each row's user for models that read user ids (FPMC); without them FPMC serves its
+    # Markov-chain term, whose cost is the same up to one (B, d) lookup
+    user_kwargs = {} if users is None else model.user_inputs(torch.as_tensor(users[:batch_users], device=device))
 
     def serve() -> None:
-        scores = model.last_hidden(batch) @ model.item_weights().T
+        scores = model.last_hidden(batch, **user_kwargs) @ model.item_weights().T
         scores[:, 0] = float("-inf")
         scores.topk(min(top_k, scores.shape[1] - 1), dim=1)
 

@@ -126,7 +126,10 @@ def evaluate(model: torch.nn.Module, split: EvalSplit, *, batch_size: int = 256,
         rows = np.arange(start, min(start + batch_size, len(split.targets)))
         inputs = torch.as_tensor(split.inputs[rows], dtype=torch.long, device=device)
         targets = torch.as_tensor(split.targets[rows], dtype=torch.long, device=device)
-        hidden = model.last_hidden(inputs)
+        # split rows are users 0..U-1 in order (study.data), so a row number is the user id models may ask for;
+        # any module with ``last_hidden`` and ``item_weights`` can be evaluated, so needs_users is read softly
+        users = {"users": torch.as_tensor(rows, device=device)} if getattr(model, "needs_users", False) else {}
+        hidden = model.last_hidden(inputs, **users)
         if negatives is None:
             scores = hidden @ weights.T
             scores[:, 0] = float("-inf")

@@ -39,15 +39,16 @@ def _full_softmax_ce(hidden: torch.Tensor, targets: torch.Tensor, weights: torch
     return F.cross_entropy(logits, targets)
 
 
-def causal_loss(model: SeqRecModel, windows: torch.Tensor) -> torch.Tensor:
+def causal_loss(model: SeqRecModel, windows: torch.Tensor, users: torch.Tensor | None = None) -> torch.Tensor:
     inputs, targets = windows[:, :-1], windows[:, 1:]
-    hidden = model(inputs)
+    hidden = model(inputs, **model.user_inputs(users))
     scored = (targets > 0) & (inputs > 0)
     return _full_softmax_ce(hidden[scored], targets[scored], model.item_weights())
 
 
-def last_loss(model: SeqRecModel, windows: torch.Tensor) -> torch.Tensor:
-    return _full_softmax_ce(model.last_hidden(windows[:, :-1]), windows[:, -1], model.item_weights())
+def last_loss(model: SeqRecModel, windows: torch.Tensor, users: torch.Tensor | None = None) -> torch.Tensor:
+    hidden = model.last_hidden(windows[:, :-1], **model.user_inputs(users))
+    return _full_softmax_ce(hidden, windows[:, -1], model.item_weights())
 
 
 def cloze_loss(model: SeqRecModel, windows: torch.Tensor, mask_prob: float, generator: torch.Generator) -> torch.Tensor:
@@ -61,9 +62,10 @@ def cloze_loss(model: SeqRecModel, windows: torch.Tensor, mask_prob: float, gene
     return _full_softmax_ce(hidden[masked], items[masked], model.item_weights())
 
 
-def bce_loss(model: SeqRecModel, windows: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+def bce_loss(model: SeqRecModel, windows: torch.Tensor, generator: torch.Generator,
+             users: torch.Tensor | None = None) -> torch.Tensor:
     inputs, targets = windows[:, :-1], windows[:, 1:]
-    hidden = model(inputs)
+    hidden = model(inputs, **model.user_inputs(users))
     scored = (targets > 0) & (inputs > 0)
     hidden, positives = hidden[scored], targets[scored]
     weights = model.item_weights()
@@ -77,15 +79,16 @@ def bce_loss(model: SeqRecModel, windows: torch.Tensor, generator: torch.Generat
 
 
 def objective_loss(objective: str, model: SeqRecModel, windows: torch.Tensor, *, mask_prob: float,
-                   generator: torch.Generator) -> torch.Tensor:
+                   generator: torch.Generator, users: torch.Tensor | None = None) -> torch.Tensor:
+    """``users`` (B,): the user of each window, read only by models that set ``needs_users`` (FPMC)."""
     if objective == "causal":
-        loss = causal_loss(model, windows)
+        loss = causal_loss(model, windows, users)
     elif objective == "last":
-        loss = last_loss(model, windows)
+        loss = last_loss(model, windows, users)
     elif objective == "cloze":
         loss = cloze_loss(model, windows, mask_prob, generator)
     elif objective == "bce":
-        loss = bce_loss(model, windows, generator)
+        loss = bce_loss(model, windows, generator, users)
     else:
         raise ValueError(f"unknown objective {objective!r}")
     aux = model.aux_loss()
@@ -93,7 +96,8 @@ def objective_loss(objective: str, model: SeqRecModel, windows: torch.Tensor, *,
 
 
 def history_prefix_windows(items: np.ndarray, starts: np.ndarray, lengths: np.ndarray, max_len: int, per_user: int,
-                           batch_size: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
+                           batch_size: int, rng: np.random.Generator, *,
+                           with_users: bool = False) -> Iterator[np.ndarray | tuple[np.ndarray, np.ndarray]]:
     """Shuffled batches of prefix windows (B, max_len + 1) over users' whole training histories.
 
     User u's training sequence is ``items[starts[u] : starts[u] + lengths[u]]``. Every item of it except
@@ -102,6 +106,7 @@ def history_prefix_windows(items: np.ndarray, starts: np.ndarray, lengths: np.nd
     per training item after the first, however long the history); otherwise ``per_user`` targets per user
     are drawn with replacement. The order is shuffled with ``rng``; only the targets are kept in memory,
     each batch is one gather, so a long dataset never materialises all its windows at once.
+    ``with_users`` yields ``(windows, users)``: each window's user (its index in ``starts``).
     """
     starts, counts = np.asarray(starts, dtype=np.int64), np.maximum(np.asarray(lengths, dtype=np.int64) - 1, 0)
     if per_user:
@@ -118,4 +123,4 @@ def history_prefix_windows(items: np.ndarray, starts: np.ndarray, lengths: np.nd
         columns = targets[picked, None] + span
         windows = items[np.maximum(columns, 0)]
         windows[columns < starts[owners[picked], None]] = 0  # before the user's first item: padding
-        yield windows
+        yield (windows, owners[picked]) if with_users else windows

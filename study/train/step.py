@@ -33,10 +33,11 @@ class TrainStep:
         # the cloze mask and the BCE negatives draw from their own generator, so batches do not shift the model's RNG
         self.generator = torch.Generator().manual_seed(train.seed)
 
-    def __call__(self, windows: torch.Tensor, *, check_finite: bool = False) -> torch.Tensor:
+    def __call__(self, windows: torch.Tensor, *, check_finite: bool = False,
+                 users: torch.Tensor | None = None) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
         loss = objective_loss(self.objective, self.model, windows, mask_prob=self.train.mask_prob,
-                              generator=self.generator)
+                              generator=self.generator, users=users)
         if check_finite and not torch.isfinite(loss):
             raise NonFiniteLoss(f"non-finite training loss {loss.item()}")
         loss.backward()

@@ -110,27 +110,45 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def user_batches(windows: np.ndarray, batch_size: int, rng: np.random.Generator) -> Iterable[np.ndarray]:
-    """Shuffled batches of user windows that hold at least one (input, target) pair."""
+Batch = tuple[np.ndarray, np.ndarray | None]  # (windows (B, L + 1), their user ids (B,) or None)
+
+
+def user_batches(windows: np.ndarray, batch_size: int, rng: np.random.Generator) -> Iterable[Batch]:
+    """Shuffled batches of user windows that hold at least one (input, target) pair, with their user ids
+    (rows of the prepared windows are users 0..U-1)."""
     trainable = np.flatnonzero((windows[:, :-1] > 0).any(1) & (windows[:, -1] > 0))
     order = rng.permutation(trainable)
     for start in range(0, len(order), batch_size):
-        yield windows[order[start:start + batch_size]]
+        rows = order[start:start + batch_size]
+        yield windows[rows], rows
 
 
-def epoch_windows(data: TrialData, users: Iterable[np.ndarray], objective: str, train_cfg: TrainConfig,
-                  rng: np.random.Generator) -> Iterable[np.ndarray]:
-    """One epoch's training batches. Other objectives train on the user windows as they come; ``last`` builds
-    its prefixes from every user's whole training history, which every trial holds in ``data`` (the validation
-    split's histories end right before the validation target), so it never reads ``users``.
+def with_user_count(model_name: str, model_hparams: dict, meta: dict) -> dict:
+    """Add ``num_users`` from the dataset for models that read user ids; a different value given by hand is an error."""
+    if not models.model_class(model_name).needs_users:
+        return model_hparams
+    num_users = int(meta["num_users"])
+    if model_hparams.get("num_users", num_users) != num_users:
+        raise UserError(f"num_users={model_hparams['num_users']} but {meta.get('name', 'the dataset')} has "
+                        f"{num_users} users; set it to {num_users} (or leave it unset: the trainer sizes it)")
+    return {**model_hparams, "num_users": num_users}
+
+
+def epoch_windows(data: TrialData, users: Iterable[Batch | np.ndarray], objective: str, train_cfg: TrainConfig,
+                  rng: np.random.Generator) -> Iterable[Batch]:
+    """One epoch's training batches as ``(windows, user ids or None)``. Other objectives train on the user windows
+    as they come (a source without user ids, such as a Ray Data shard, yields bare windows); ``last`` builds its
+    prefixes from every user's whole training history, which every trial holds in ``data`` (the validation split's
+    histories end right before the validation target), so it never reads ``users``.
     """
     if objective != "last":
-        yield from users
+        for batch in users:
+            yield batch if isinstance(batch, tuple) else (batch, None)
         return
     histories = data.valid
     yield from history_prefix_windows(histories.history_items, histories.history_starts, histories.history_lengths,
                                       data.train.shape[1] - 1, train_cfg.prefixes_per_user, train_cfg.batch_size,
-                                      rng)
+                                      rng, with_users=True)
 
 
 def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | None = None, *,
@@ -146,7 +164,8 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
     max_len = model_hparams.get("max_len", models.model_class(model_name).config_class.max_len)
     if not isinstance(data, TrialData):
         data = TrialData.from_prepared(data, max_len)
-    model_hparams = {**model_hparams, "num_items": data.num_items, "max_len": max_len}
+    model_hparams = with_user_count(model_name, {**model_hparams, "num_items": data.num_items, "max_len": max_len},
+                                    data.meta)
     if train_cfg.num_threads:
         torch.set_num_threads(train_cfg.num_threads)
     device = resolve_device(train_cfg.device)
@@ -187,10 +206,11 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
         users = train_batches(epoch) if train_batches else user_batches(data.train, train_cfg.batch_size, rng)
         total_loss, sequences, steps = 0.0, 0, 0
         try:
-            for windows in epoch_windows(data, users, objective, train_cfg, rng):
+            for windows, window_users in epoch_windows(data, users, objective, train_cfg, rng):
                 batch = torch.as_tensor(windows, dtype=torch.long, device=device)
+                batch_users = batch_user_ids(model, window_users, device)
                 try:
-                    loss = step(batch, check_finite=True)
+                    loss = step(batch, check_finite=True, users=batch_users)
                 except NonFiniteLoss as error:
                     raise NonFiniteLoss(f"{error} at epoch {epoch}, step {steps + 1}") from None
                 total_loss += loss.item()
@@ -258,11 +278,20 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
     return row
 
 
+def batch_user_ids(model: SeqRecModel, users: np.ndarray | None, device: torch.device) -> torch.Tensor | None:
+    """The batch's user ids as a tensor for models that read them (``needs_users``), else None."""
+    if not model.needs_users:
+        return None
+    if users is None:
+        raise UserError(f"{type(model).__name__} reads user ids, but this batch source carries windows only")
+    return torch.as_tensor(users, dtype=torch.long, device=device)
+
+
 def epoch_cost(step: TrainStep, data: TrialData, train_cfg: TrainConfig, device: torch.device) -> EpochCost:
     """The cost of one epoch of this trial (its batches drawn with a separate generator: training is unchanged)."""
     rng = np.random.default_rng(train_cfg.seed)
-    batches = list(epoch_windows(data, user_batches(data.train, train_cfg.batch_size, rng), step.objective, train_cfg,
-                                 rng))
+    batches = [(windows, batch_user_ids(step.model, users, device)) for windows, users in
+               epoch_windows(data, user_batches(data.train, train_cfg.batch_size, rng), step.objective, train_cfg, rng)]
     return estimate_epoch(step, batches, device, float(data.meta.get("length", {}).get("median", float("nan"))))
 
 
@@ -270,14 +299,15 @@ def efficiency_figures(model_name: str, model_hparams: dict, train_cfg: TrainCon
                         model: SeqRecModel, device: torch.device) -> dict:
     windows = user_batches(data.train, train_cfg.batch_size, np.random.default_rng(0))
     settings = {**asdict(train_cfg), "objective": resolve_objective(model, train_cfg.objective)}
-    batch = next(iter(epoch_windows(data, windows, settings["objective"], train_cfg, np.random.default_rng(0))))
+    batch, users = next(iter(epoch_windows(data, windows, settings["objective"], train_cfg, np.random.default_rng(0))))
     try:
         threads = train_cfg.num_threads or torch.get_num_threads()
         peak_mb, method = efficiency.peak_train_memory_mb(model_name, model_hparams, settings, batch, device,
-                                                          num_threads=threads)
+                                                          num_threads=threads, users=users)
     except RuntimeError as error:
         peak_mb, method = float("nan"), f"failed: {error}"
-    p50, p95 = efficiency.inference_latency_ms(model, data.test.inputs, device)
+    test_users = np.arange(len(data.test.inputs)) if model.needs_users else None  # split rows are users 0..U-1
+    p50, p95 = efficiency.inference_latency_ms(model, data.test.inputs, device, users=test_users)
     return {"peak_mem_mb": peak_mb, "peak_mem_method": method, "infer_ms_p50": p50, "infer_ms_p95": p95}
 
 
@@ -309,7 +339,11 @@ def main(argv: list[str] | None = None) -> int:
         settings = parse_assignments(args.settings)
         train_cfg, model_hparams = split_settings(args.model, settings)
         max_len = model_hparams.get("max_len", models.model_class(args.model).config_class.max_len)
-        models.make_config(args.model, **{**model_hparams, "num_items": 1, "max_len": max_len})
+        # num_items (and num_users, for models that read them) come from the data: placeholders to validate the rest
+        placeholders = {"num_items": 1, "max_len": max_len}
+        if models.model_class(args.model).needs_users:
+            placeholders["num_users"] = model_hparams.get("num_users", 1)
+        models.make_config(args.model, **{**model_hparams, **placeholders})
         path = prepare(args.dataset, source=args.source, max_len=max_len, kcore=args.kcore,
                        progress=not args.no_progress)
         result = run_trial(args.model, TrialData.from_prepared(path, max_len), settings, progress=not args.no_progress)

@@ -185,7 +185,7 @@ def test_ray_data_batches_cover_every_trainable_window_once_per_epoch(data_cache
     path = prepare("lastfm", source=LASTFM, max_len=30, progress=False)
     dataset = _training_dataset(_training_table(path))  # from_arrow + filter + materialize, as the sweep does
     expected = TrialData.from_prepared(path, 12).train
-    expected = np.concatenate(list(user_batches(expected, 10_000, np.random.default_rng(0))))
+    expected = np.concatenate([windows for windows, _ in user_batches(expected, 10_000, np.random.default_rng(0))])
     batches = ray_data_batches(dataset, 64, seed=3, max_len=12, shuffle_rows=dataset.count())
     epochs = [np.concatenate(list(batches(epoch))) for epoch in (1, 2)]
     for windows in epochs:

@@ -85,7 +85,7 @@ def test_last_epoch_has_recboles_sample_count_on_ml100k(ml100k_prepared, shared_
     max_len = 50
     data = TrialData.from_prepared(ml100k_prepared, max_len=max_len)
     config = TrainConfig(batch_size=4096, prefixes_per_user=0)
-    windows = np.concatenate(list(epoch_windows(data, iter(()), "last", config, np.random.default_rng(0))))
+    windows = np.concatenate([w for w, _ in epoch_windows(data, iter(()), "last", config, np.random.default_rng(0))])
     assert len(windows) == recbole_sample_count(shared_datasets / "ml-100k" / "ml-100k.inter", kcore=5)
     # the stored windows (max_len + 1 items per user) hold well under half of them
     assert len(expand_stored_windows(data.train)) < 0.5 * len(windows)
