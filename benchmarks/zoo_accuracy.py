@@ -1,4 +1,4 @@
-"""Accuracy of model zoo I beside SASRec: models × datasets × seeds, full ranking, one markdown table.
+"""Accuracy of model zoo I (and HSTU, FPMC) beside SASRec: models × datasets × seeds, full ranking, one markdown table.
 
     python -m benchmarks.zoo_accuracy --ml100k-source PATH/ml-100k.inter --lastfm PATH/LastFM.txt
         [--quick] [--models sasrec bert4rec ...] [--datasets ml-100k lastfm] [--seeds 0 1 2]
@@ -18,6 +18,8 @@ NDCG@10, test metrics of that epoch; Adam lr 1e-3, batch 128. Models use their p
     recgrela           causal RELA (prefix sums), causal CE
     recgrela-paper     the paper's non-causal RELA, `last` CE over every prefix (RecBole's)
     gru4rec            GRU, causal CE
+    hstu               pointwise SiLU attention with relative bias and the U gate, causal CE
+    fpmc               MF + factorised first-order Markov chain (reads the user id), causal CE
 
 `--quick` is a smoke run (one seed, a few epochs) that checks the whole grid end to end. Each finished
 trial is appended at once to a JSONL file (default results/zoo_accuracy.jsonl, or
@@ -50,8 +52,10 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "recgrela": ("recgrela", {"causal": True}),
     "recgrela-paper": ("recgrela", {"causal": False}),
     "gru4rec": ("gru4rec", {}),
+    "hstu": ("hstu", {}),
+    "fpmc": ("fpmc", {}),
 }
-DEFAULT_MODELS = ["sasrec", "bert4rec", "cotten4rec", "linrec", "recgrela", "gru4rec"]
+DEFAULT_MODELS = ["sasrec", "bert4rec", "cotten4rec", "linrec", "recgrela", "gru4rec", "hstu", "fpmc"]
 DATASETS = {  # recipe, window length, cloze mask probability
     "ml-100k": ("ml-100k", 200, 0.2),
     "lastfm": ("lastfm", 50, 0.2),
