@@ -62,6 +62,7 @@ from study.analysis.tables import (
     analyse_pareto,
     choose,
     chosen_runs,
+    configuration_keys,
     dataset_statistics,
     environment_table,
     extra_table,
@@ -70,6 +71,7 @@ from study.analysis.tables import (
     formatted,
     is_set,
     pareto_pairs_table,
+    plain_value,
     results_table,
     short,
     significance_table,
@@ -123,9 +125,9 @@ class ReportContext:
         return "Study report: " + ", ".join(s.name for s in self.studies)
 
     @property
-    def searched_keys(self) -> list[str]:
-        """Every study's searched keys, in order, each once."""
-        return list(dict.fromkeys(k for s in self.studies for k in s.searched))
+    def configuration_keys(self) -> list[str]:
+        """The settings shown with each configuration: max_len, then every study's searched keys, each once."""
+        return configuration_keys([k for s in self.studies for k in s.searched])
 
 
 def default_out(paths: list[Path]) -> Path:
@@ -176,9 +178,9 @@ def analyse(paths: list[str | Path], options: ReportOptions) -> ReportContext:
     table, numbers, table_notes = results_table(chosen, list(options.metrics), sig, reference, options.proposed)
 
     names = list(options.objectives)
-    searched_union = list(dict.fromkeys(k for s in studies for k in s.searched))
+    shown_keys = configuration_keys([k for s in studies for k in s.searched])
     point_columns = ["name", "label", "config_id", *names, "n_seeds", "source", "on_front", "on_model_front",
-                     "test_ndcg@10", *[k for k in searched_union if k in points]]
+                     "test_ndcg@10", *[k for k in shown_keys if k in points]]
     front = points[points["on_front"]].sort_values(names[0], ascending=options.objectives[names[0]] == "min")
     tables = {
         "studies": study_table(studies), "datasets": dataset_statistics(runs),
@@ -251,6 +253,9 @@ def studies_and_protocol(doc: Document, ctx: ReportContext) -> None:
                      "negatives": f"{p.get('num_negatives')} ({p.get('negative_sampler')})"
                      if p.get("eval_mode") == "sampled" else "all items",
                      "mask history": p.get("mask_history"),
+                     "max_len": ", ".join(plain_value(v) for v in sorted(set(runs.loc[runs["study"] == s.name,
+                                                                                     "config.max_len"].dropna())))
+                     if "config.max_len" in runs else "–",
                      "training objective": ", ".join(sorted(set(runs.loc[runs["study"] == s.name, "objective"]
                                                                 .astype(str)))) if "objective" in runs else "",
                      "max epochs": (s.study.get("budget") or {}).get("max_epochs"),
@@ -289,7 +294,7 @@ def results(doc: Document, ctx: ReportContext) -> None:
     selected = ctx.tables["selected"]
     doc.para("Chosen configurations:")
     shown = ["label", "name", "config_id", "source", "n_seeds", "seeds", ctx.select, *EFFICIENCY_METRICS[:3]]
-    keys = ctx.searched_keys
+    keys = ctx.configuration_keys
     doc.table(formatted(selected[[c for c in shown + keys if c in selected]], plain=keys))
 
 
@@ -311,9 +316,14 @@ def significance_tests(doc: Document, ctx: ReportContext) -> None:
     doc.para(f"Each model's chosen configuration against {ctx.reference}'s, per metric: two-sided t-test over seeds "
              "(paired when both sides ran the same seeds, Welch's otherwise), a rank test as robustness check "
              "(Wilcoxon signed-rank when paired, Mann–Whitney U otherwise), Cohen's d_z (paired) or d (pooled "
-             "SD), and the 95 % confidence interval of the mean difference (model − reference). p-values are "
+             f"SD) with an approximate 95 % interval (from {significance.POWERED_SEEDS} seeds per side on), the 95 % "
+             "confidence interval of the mean difference (model − reference), and the smallest standardized effect "
+             f"each test detects with power {significance.TARGET_POWER} at alpha 0.05. p-values are "
              f"Holm–Bonferroni adjusted over all {len(sig)} comparisons of this report (the rank-test p-values as "
              f"a family of their own); * = adjusted t-test p < {ctx.options.alpha}.")
+    low_power = low_power_note(sig)
+    if low_power:
+        doc.warning(low_power)
     doc.table(_significance_display(sig))
 
 
@@ -324,7 +334,7 @@ def pareto_fronts(doc: Document, ctx: ReportContext) -> None:
     objectives_text = ", ".join(f"`{n}` ({'↑' if objectives[n] == 'max' else '↓'})" for n in names)
     doc.para(f"Objectives: {objectives_text}. Each point is a configuration (mean over its seeds). The "
              f"{len(names)}-D non-dominated set over all models:")
-    doc.table(formatted(ctx.tables["pareto_front"], plain=ctx.searched_keys))
+    doc.table(formatted(ctx.tables["pareto_front"], plain=ctx.configuration_keys))
     reference_text = ", ".join(f"`{n}` = {fmt(result.reference[n])}" for n in names)
     doc.para(f"Hypervolume reference point: {reference_text} ({result.reference_note}). `hv_share` is the "
              "hypervolume divided by the box between the ideal point (best observed value of each objective) and "
@@ -388,6 +398,33 @@ def compose(ctx: ReportContext) -> Document:
     return doc
 
 
+def _effect_text(s: pd.Series) -> str:
+    """The effect size with its interval, or marked unreliable where fewer than POWERED_SEEDS seeds measured it."""
+    if pd.isna(s["effect"]):
+        return "–"
+    text = f"{s['effect_kind']} = {fmt(s['effect'])}"
+    if is_set(s["effect_reliable"]):
+        return f"{text} [{fmt(s['effect_ci_low'])}, {fmt(s['effect_ci_high'])}]"
+    return f"{text} (unreliable: n < {significance.POWERED_SEEDS})"
+
+
+def low_power_note(sig: pd.DataFrame) -> str:
+    """One line on the tests run with fewer than POWERED_SEEDS seeds a side: which effects they could detect."""
+    few = sig[(sig["test"] != "none") & (sig[["n_candidate", "n_reference"]].min(axis=1) < significance.POWERED_SEEDS)]
+    if few.empty:
+        return ""
+    cases = few.drop_duplicates(["test", "n_candidate", "n_reference"])
+    detectable = "; ".join(
+        f"|{'d_z' if row['test'] == 'paired-t' else 'd'}| ≥ {fmt(row['mde'])} "
+        + (f"({row['n_pairs']} pairs)" if row["test"] == "paired-t" else f"(n = {row['n_candidate']} / "
+           f"{row['n_reference']})") for _, row in cases.iterrows())
+    return (f"LOW POWER: {len(few)} of {len(sig)} tests ran on fewer than {significance.POWERED_SEEDS} seeds per side. "
+            f"At alpha 0.05 (before Holm), such a test detects with probability {significance.TARGET_POWER} only a "
+            f"standardized effect of {detectable}; a non-significant result here is no evidence of no difference, "
+            "and those effect sizes are marked unreliable. Replicate with --seeds 5 or more for a test that can "
+            "find moderate differences.")
+
+
 def _significance_display(sig: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for _, s in sig.iterrows():
@@ -395,9 +432,9 @@ def _significance_display(sig: pd.DataFrame) -> pd.DataFrame:
         ci = f"[{fmt(s['ci_low'])}, {fmt(s['ci_high'])}]" if not pd.isna(s["ci_low"]) else "–"
         rows.append({"model": s["candidate"], "metric": short(s["metric"]), "test": s["test"], "n": n,
                      "mean diff": fmt(s["mean_diff"]), "95% CI": ci,
-                     "t (df)": f"{s['t']:.3f} ({s['df']:.4g})" if not pd.isna(s["t"]) else "–",
+                     "t (df)": f"{fmt(s['t'])} ({s['df']:.4g})" if not pd.isna(s["t"]) else "–",
                      "p": fmt_p(s["p"]), "p Holm": fmt_p(s["p_holm"]) + ("*" if is_set(s["significant"]) else ""),
-                     "effect": f"{s['effect_kind']} = {s['effect']:.3f}" if not pd.isna(s["effect"]) else "–",
+                     "effect": _effect_text(s), "detectable effect": f"≥ {fmt(s['mde'])}" if s["mde"] > 0 else "–",
                      "rank test p (Holm)": f"{fmt_p(s['robust_p'])} ({fmt_p(s['robust_p_holm'])})"
                      if s["robust_test"] else "–", "note": s["note"] or ""})
     return pd.DataFrame(rows)

@@ -11,6 +11,8 @@ from typing import Any
 
 import pandas as pd
 
+TABLE_BOX_CLASS = "table-box"
+
 
 class Document:
     """One list of blocks (headings, paragraphs, tables, images …), rendered as Markdown and as self-contained HTML."""
@@ -74,7 +76,9 @@ class Document:
                 head = "".join(f"<th>{_inline(str(c))}</th>" for c in value.columns)
                 rows = "".join("<tr>" + "".join(f"<td>{_inline(str(v))}</td>" for v in row) + "</tr>"
                                for row in value.itertuples(index=False))
-                body.append(f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
+                # a table wider than the page scrolls inside its own box instead of widening the page
+                body.append(f'<div class="{TABLE_BOX_CLASS}"><table><thead><tr>{head}</tr></thead>'
+                            f"<tbody>{rows}</tbody></table></div>")
             elif kind == "code":
                 body.append(f"<pre>{html.escape(value)}</pre>")
             elif kind == "image":
@@ -83,12 +87,14 @@ class Document:
                 body.append(f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
                             f"<figcaption>{html.escape(alt)}</figcaption></figure>")
         style = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
-                 "table{border-collapse:collapse;margin:1em 0;font-size:0.9em}"
+                 f".{TABLE_BOX_CLASS}{{max-width:100%;overflow-x:auto;margin:1em 0}}"
+                 "table{border-collapse:collapse;font-size:0.9em}"
                  "th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}"
                  "td:first-child,th:first-child{text-align:left}"
                  "pre{background:#f6f6f6;padding:0.8em;overflow-x:auto;font-size:0.85em}"
                  ".warning{background:#fff3cd;border:2px solid #d39e00;padding:0.8em;font-weight:bold}"
-                 "img{max-width:100%}figure{margin:1em 0}figcaption{font-size:0.85em;color:#555}")
+                 "img{max-width:100%}figure{margin:1em 0}figcaption{font-size:0.85em;color:#555}"
+                 "p,li,figcaption{overflow-wrap:anywhere}")  # long paths and code spans break instead of overflowing
         return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
                 f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
 

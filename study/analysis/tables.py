@@ -26,6 +26,11 @@ from study.analysis.runs import StudyResults, parse_config
 from study.errors import UserError
 from study.train.results import EFFICIENCY_METRICS
 
+# Report tables and plot labels show at most this many significant digits; the CSV and Parquet files keep all.
+SIGNIFICANT_DIGITS = 4
+# Settings shown beside every configuration even when the study fixed them: they change what a metric means
+# (max_len: how much history the model sees), and studies compared in one report may differ in them.
+CONFIGURATION_COLUMNS = ("max_len",)
 TABLE_METRICS = tuple(f"test_{name}@{k}" for k in (10, 20) for name in ("hr", "ndcg", "mrr"))
 
 
@@ -48,15 +53,21 @@ def aggregate(runs: pd.DataFrame, searched: dict[str, list[str]]) -> pd.DataFram
                                "n_seeds": len(per_seed), "seeds": ",".join(str(int(s)) for s in sorted(per_seed.index)),
                                "trial_ids": ",".join(group["trial_id"].astype(str)),
                                "source_trial_id": str(group["source_trial_id"].iloc[0])}
-        for key in searched.get(label, []):
+        for key in configuration_keys(searched.get(label, [])):
             column = f"config.{key}"
-            row[key] = group[column].iloc[0] if column in group else None
+            if column in group or key in searched.get(label, []):
+                row[key] = group[column].iloc[0] if column in group else None
         for metric in metrics:
             row[metric] = per_seed[metric].mean()
             row[f"{metric}_std"] = per_seed[metric].std(ddof=1) if len(per_seed) > 1 else float("nan")
         rows.append(row)
     return pd.DataFrame(rows)
 
+
+
+def configuration_keys(searched: list[str]) -> list[str]:
+    """The settings a configuration is shown with: :data:`CONFIGURATION_COLUMNS`, then the searched keys."""
+    return list(dict.fromkeys([*CONFIGURATION_COLUMNS, *searched]))
 
 
 def choose(points: pd.DataFrame, select: str) -> pd.DataFrame:
@@ -197,7 +208,7 @@ def dataset_statistics(runs: pd.DataFrame) -> pd.DataFrame:
             row.update(users=meta.get("num_users"), items=meta.get("num_items"),
                        interactions=meta.get("num_interactions"), length_mean=length.get("mean"),
                        length_median=length.get("median"), length_max=length.get("max"), kcore=meta.get("kcore"),
-                       max_len=meta.get("max_len"), split=meta.get("split"))
+                       split=meta.get("split"))  # max_len is a configuration setting: shown with the configurations
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -237,8 +248,9 @@ def study_table(studies: list[StudyResults]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def fmt(value: Any, digits: int = 4) -> str:
-    """A number for display: thousands separated, ``digits`` decimals, scientific when very large or small."""
+def fmt(value: Any, digits: int = SIGNIFICANT_DIGITS) -> str:
+    """A number for display, rounded to ``digits`` significant digits: ``0.1235``, ``12.35``, ``1,235``,
+    ``1,235,000``; scientific below 1e-4 and from 1e9. Integers (counts) are shown exactly."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
     if isinstance(value, (bool, np.bool_)):
@@ -247,11 +259,15 @@ def fmt(value: Any, digits: int = 4) -> str:
         return f"{int(value):,}"
     if isinstance(value, (float, np.floating)):
         value = float(value)
-        if value.is_integer() and abs(value) >= 1000:  # counts stored as floats (e.g. mean params)
-            return f"{int(value):,}"
-        if value != 0 and (abs(value) >= 1e5 or abs(value) < 10 ** -digits):
+        if value == 0 or not math.isfinite(value):
+            return str(value) if value else "0"
+        rounded = float(f"{value:.{digits}g}")
+        magnitude = math.floor(math.log10(abs(rounded)))
+        if magnitude < -4 or magnitude >= 9:
             return f"{value:.{digits - 1}e}"
-        return f"{value:.{digits}f}" if abs(value) < 10 else f"{value:,.{max(0, digits - 3)}f}"
+        if magnitude >= digits - 1:
+            return f"{rounded:,.0f}"
+        return f"{rounded:.{digits - 1 - magnitude}f}"
     return str(value)
 
 
@@ -259,7 +275,14 @@ def fmt_p(p: float) -> str:
     """A p-value for display; below 1e-4 as ``<0.0001``."""
     if p is None or (isinstance(p, float) and math.isnan(p)):
         return "–"
-    return "<0.0001" if p < 1e-4 else f"{p:.4f}"
+    return "<0.0001" if p < 1e-4 else fmt(float(p))
+
+
+def fmt_metric(value: float) -> str:
+    """An accuracy metric as papers print it: four decimals (at most 4 significant digits below 1)."""
+    if pd.isna(value):
+        return "–"
+    return f"{value:.4f}" if abs(value) < 1 else fmt(float(value))
 
 
 def results_table(chosen: pd.DataFrame, metrics: list[str], sig: pd.DataFrame, reference: str | None,
@@ -282,11 +305,11 @@ def results_table(chosen: pd.DataFrame, metrics: list[str], sig: pd.DataFrame, r
         for metric in metrics:
             best = chosen[metric].max()
             mean, std = row[metric], row.get(f"{metric}_std")
-            text = "–" if pd.isna(mean) else f"{mean:.4f}"  # a paper's fixed four decimals
+            text = fmt_metric(mean)
             if not pd.isna(mean) and mean == best:
                 text = f"**{text}**"
             if std is not None and not pd.isna(std):
-                text += f" ± {std:.4f}"
+                text += f" ± {fmt_metric(std)}"
             text += marks.get((row["label"], metric), "")
             cells[short(metric)] = text
         table.append(cells)
@@ -302,7 +325,8 @@ def results_table(chosen: pd.DataFrame, metrics: list[str], sig: pd.DataFrame, r
             else:
                 top, base = ranked.iloc[0], ranked.iloc[1]
             gain = (top[metric] - base[metric]) / base[metric] if base[metric] else float("nan")
-            improvement[short(metric)] = f"{gain:+.2%}" if not math.isnan(gain) else "–"
+            sign = "-" if gain < 0 else "+"
+            improvement[short(metric)] = "–" if math.isnan(gain) else f"{sign}{fmt(abs(gain) * 100)}%"
         if proposed:
             improvement["model"] = f"Improv. ({proposed} vs best other)"
             notes.append(f"Improv.: relative difference of {proposed}'s mean from the best other model's mean.")
@@ -329,8 +353,8 @@ def short(metric: str) -> str:
     return f"{base.upper()}@{k}" if k else name
 
 
-def formatted(frame: pd.DataFrame, digits: int = 4, plain: Iterable[str] = ()) -> pd.DataFrame:
-    """Display strings; ``plain`` columns (hyperparameter values) are shown as given, not rounded."""
+def formatted(frame: pd.DataFrame, digits: int = SIGNIFICANT_DIGITS, plain: Iterable[str] = ()) -> pd.DataFrame:
+    """Display strings; ``plain`` columns (hyperparameter values) as a study file writes them (:func:`plain_value`)."""
     if frame.empty:
         return frame
     plain = set(plain)
@@ -339,11 +363,13 @@ def formatted(frame: pd.DataFrame, digits: int = 4, plain: Iterable[str] = ()) -
 
 
 def plain_value(value: Any) -> str:
-    """A hyperparameter value as written in a study file: 16, not 16.0 (pandas turns ints into floats beside NaN)."""
+    """A hyperparameter value as a study file writes it: 16, not 16.0 (pandas turns ints into floats beside NaN);
+    a sampled float to 4 significant digits (0.0003162, not 0.00031622776601683794)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
-    if isinstance(value, (float, np.floating)) and float(value).is_integer():
-        return str(int(value))
+    if isinstance(value, (float, np.floating)):
+        value = float(value)
+        return str(int(value)) if value.is_integer() else f"{value:.{SIGNIFICANT_DIGITS}g}"
     return str(value)
 
 
