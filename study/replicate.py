@@ -53,7 +53,7 @@ from study.analysis.runs import (
     parse_config,
     selection_metric,
 )
-from study.analysis.tables import aggregate
+from study.analysis.tables import aggregate, plain_value
 from study.cluster import add_address_argument
 from study.errors import UserError, print_error
 from study.storage import Mirror, local_copy
@@ -211,6 +211,7 @@ def replicate(path: str | Path, *, seeds: int, select: str, objectives: dict[str
 
 
 def describe(plan: list[dict[str, Any]]) -> str:
+    """The plan in words, one line per configuration; values as the report shows them (plan.json keeps them all)."""
     if not plan:
         return "nothing to replicate: every selected configuration already has these seeds"
     frame = pd.DataFrame(plan)
@@ -218,7 +219,7 @@ def describe(plan: list[dict[str, Any]]) -> str:
     lines = [f"{len(plan)} replicate trial(s):"]
     for (name, trial, cid), seeds in grouped:
         config = next(e["config"] for e in plan if e["config_id"] == cid)
-        shown = ", ".join(f"{k}={v}" for k, v in config.items() if k not in SEED_KEYS)
+        shown = ", ".join(f"{k}={plain_value(v)}" for k, v in config.items() if k not in SEED_KEYS)
         lines.append(f"  {name} (trial {trial}, config {cid}) seeds {', '.join(map(str, seeds))}: {shown}")
     return "\n".join(lines)
 

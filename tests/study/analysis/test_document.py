@@ -17,6 +17,7 @@ import pytest
 import yaml
 from scipy import stats
 
+from study import replicate as replicate_cli
 from study import report as report_cli
 from study.analysis import figures
 from study.analysis.document import default_out, low_power_note
@@ -194,3 +195,11 @@ def test_small_samples_mark_effects_unreliable_and_say_what_they_could_detect(re
     section = report["markdown"].split("## Significance")[1].split("## Pareto fronts")[0]
     assert "LOW POWER" in section and f"fewer than {POWERED_SEEDS} seeds per side" in section
     assert f"(unreliable: n < {POWERED_SEEDS})" in section
+
+
+def test_replicate_plan_shows_rounded_values() -> None:
+    plan = [{"source_trial_id": "t1", "config_id": "abc", "name": "sasrec-1", "seed": seed,
+             "config": {"lr": LONG_LR, "dropout": 0.123456789, "hidden_size": 32, "seed": seed}} for seed in (1, 2)]
+    text = replicate_cli.describe(plan)
+    assert "lr=0.0003162, dropout=0.1235, hidden_size=32" in text and "seeds 1, 2" in text
+    assert str(LONG_LR) not in text
