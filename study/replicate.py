@@ -6,7 +6,7 @@
 Data flow:
 
 1. the study's sweep trials are grouped into configurations (settings without the seed, as in
-   :mod:`study.analysis.document`) and the configurations to replicate are selected on validation metrics: ``pareto``
+   :mod:`study.analysis.runs`) and the configurations to replicate are selected on validation metrics: ``pareto``
    = the non-dominated set over ``--objectives``, ``top:N`` = the N best by ``--select-metric``;
 2. each gets the seeds ``first_seed … first_seed + seeds − 1``: the same numbers in every study, so the
    report can pair two models' runs seed by seed. A seed the configuration already ran with in the sweep
@@ -34,9 +34,15 @@ from typing import Any
 import pandas as pd
 
 from study.analysis import pareto
-from study.analysis.document import (
+from study.analysis.runs import (
+    PLAN_FILE,
+    RECORDS_DIR,
+    REPLICATES_CSV_FILE,
+    REPLICATES_DIR,
+    REPLICATES_FILE,
     SEED_KEYS,
-    aggregate,
+    STUDY_FILE,
+    TRIALS_FILE,
     assign_labels,
     check_metrics,
     check_objectives,
@@ -47,7 +53,7 @@ from study.analysis.document import (
     parse_config,
     selection_metric,
 )
-from study.analysis.runs import PLAN_FILE, RECORDS_DIR, REPLICATES_DIR, REPLICATES_FILE, STUDY_FILE
+from study.analysis.tables import aggregate, plain_value
 from study.cluster import add_address_argument
 from study.errors import UserError, print_error
 from study.storage import Mirror, local_copy
@@ -85,10 +91,12 @@ def select_configurations(path: str | Path, select: str, objectives: dict[str, s
 
 def _trial_point(results_path: Path, trials: pd.DataFrame, trial_id: str, searched: list[str]) -> dict[str, Any]:
     """The config Tune gave the source trial (its searched values), from its record, else from its row."""
-    record_path = results_path / RECORDS_DIR / f"{trial_id}.json"
-    if record_path.is_file():
+    from study.search.recorder import record_path
+
+    record = record_path(results_path / RECORDS_DIR, trial_id)
+    if record.is_file():
         try:
-            return dict(json.loads(record_path.read_text()).get("config") or {})
+            return dict(json.loads(record.read_text()).get("config") or {})
         except json.JSONDecodeError:
             pass
     row = trials[trials["trial_id"] == trial_id].iloc[0]
@@ -138,7 +146,7 @@ def merge_batch(path: Path, batch: Path, plan: list[dict[str, Any]]) -> pd.DataF
     """Link a batch's trial rows to their source trials and rewrite ``replicates.parquet`` with them."""
     from study.search.recorder import atomic_write
 
-    rows = pd.read_parquet(batch / "trials.parquet") if (batch / "trials.parquet").is_file() else pd.DataFrame()
+    rows = pd.read_parquet(batch / TRIALS_FILE) if (batch / TRIALS_FILE).is_file() else pd.DataFrame()
     by_key = {(entry["config_id"], int(entry["seed"])): entry for entry in plan}
     if not rows.empty:
         keys = [(config_id(c), int(s)) for c, s in zip(rows["config"], rows["seed"])]
@@ -156,7 +164,7 @@ def merge_batch(path: Path, batch: Path, plan: list[dict[str, Any]]) -> pd.DataF
     merged = pd.concat([f for f in (existing, rows) if not f.empty], ignore_index=True) \
         if not (existing.empty and rows.empty) else rows
     atomic_write(target, lambda out: merged.to_parquet(out, index=False))
-    atomic_write(path / "replicates.csv", lambda out: out.write(merged.to_csv(index=False).encode()))
+    atomic_write(path / REPLICATES_CSV_FILE, lambda out: out.write(merged.to_csv(index=False).encode()))
     return merged
 
 
@@ -203,6 +211,7 @@ def replicate(path: str | Path, *, seeds: int, select: str, objectives: dict[str
 
 
 def describe(plan: list[dict[str, Any]]) -> str:
+    """The plan in words, one line per configuration; values as the report shows them (plan.json keeps them all)."""
     if not plan:
         return "nothing to replicate: every selected configuration already has these seeds"
     frame = pd.DataFrame(plan)
@@ -210,7 +219,7 @@ def describe(plan: list[dict[str, Any]]) -> str:
     lines = [f"{len(plan)} replicate trial(s):"]
     for (name, trial, cid), seeds in grouped:
         config = next(e["config"] for e in plan if e["config_id"] == cid)
-        shown = ", ".join(f"{k}={v}" for k, v in config.items() if k not in SEED_KEYS)
+        shown = ", ".join(f"{k}={plain_value(v)}" for k, v in config.items() if k not in SEED_KEYS)
         lines.append(f"  {name} (trial {trial}, config {cid}) seeds {', '.join(map(str, seeds))}: {shown}")
     return "\n".join(lines)
 

@@ -12,6 +12,12 @@ measured under several seeds (``pandas.Series`` indexed by seed):
 * **fewer than 2 seeds on a side**: no test and no p-value (a t-test needs a variance estimate on each side);
   the row says why.
 
+With fewer than :data:`POWERED_SEEDS` seeds on a side a test has little power: each row carries ``mde``, the
+smallest standardized effect (|d_z| paired, |d| unpaired) that a two-sided t-test at ``alpha`` detects with
+probability ``power`` at that n (:func:`minimum_detectable_effect`, from the noncentral t distribution), and
+its effect size is marked unreliable; from :data:`POWERED_SEEDS` seeds on, the effect size gets an approximate
+confidence interval (normal approximation of its standard error, Hedges & Olkin 1985).
+
 Every test is two-sided. The 95 % confidence interval of the mean difference (candidate − reference) comes
 from the t result's ``confidence_interval()``. :func:`holm` adjusts a family of p-values (Holm–Bonferroni
 step-down, which controls the family-wise error rate); a report adjusts all its t-test p-values together and,
@@ -22,18 +28,23 @@ p-values, not a test.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats
+from scipy import optimize, stats
 
 MIN_SEEDS = 2
 # A spread below this fraction of the values' magnitude is rounding noise (e.g. 3/1090 - 2/1090 vs 4/1090 - 3/1090).
 ZERO_SPREAD = 1e-12
 NO_TEST_NOTE = f"no test: fewer than {MIN_SEEDS} seeds on a side"
+# Below this many seeds per side a test detects only very large effects (d > 2 at n = 4 pairs), and an effect size
+# estimated from so few values is too variable to read: the report says so instead of printing it as evidence.
+POWERED_SEEDS = 5
+TARGET_POWER = 0.8
 
 
 def holm(pvalues: Sequence[float | None]) -> np.ndarray:
@@ -86,6 +97,8 @@ def compare(candidate: pd.Series, reference: pd.Series, confidence: float = 0.95
         "mean_diff": float("nan"), "ci_low": float("nan"), "ci_high": float("nan"), "t": float("nan"),
         "df": float("nan"), "p": float("nan"), "effect": float("nan"), "effect_kind": "",
         "robust_test": "", "robust_p": float("nan"), "note": "",
+        "mde": minimum_detectable_effect(len(a), len(b), paired), "effect_reliable": False,
+        "effect_ci_low": float("nan"), "effect_ci_high": float("nan"),
     }
     if len(a) and len(b):
         row["mean_diff"] = row["mean_candidate"] - row["mean_reference"]
@@ -128,8 +141,52 @@ def compare(candidate: pd.Series, reference: pd.Series, confidence: float = 0.95
         else:
             row.update(t=_finite(result.statistic), p=_finite(result.pvalue), ci_low=_finite(interval.low),
                        ci_high=_finite(interval.high))
+    row["effect_reliable"] = min(len(a), len(b)) >= POWERED_SEEDS and not np.isnan(row["effect"])
+    if row["effect_reliable"]:
+        row["effect_ci_low"], row["effect_ci_high"] = effect_interval(row["effect"], len(a), len(b), paired,
+                                                                      confidence)
     row["note"] = "; ".join(notes)
     return row
+
+
+def minimum_detectable_effect(n_candidate: int, n_reference: int, paired: bool, alpha: float = 0.05,
+                              power: float = TARGET_POWER) -> float:
+    """The smallest standardized effect a two-sided t-test at ``alpha`` detects with probability ``power``.
+
+    Paired (n pairs): effect d_z, df = n − 1, noncentrality d_z·√n. Unpaired: effect d, df = n₁ + n₂ − 2 and
+    noncentrality d·√(n₁n₂/(n₁+n₂)) (the pooled-variance test; Welch's differs little at equal spreads).
+    NaN where no test can run.
+    """
+    if min(n_candidate, n_reference) < MIN_SEEDS:
+        return float("nan")
+    if paired:
+        df, scale = n_candidate - 1, math.sqrt(n_candidate)
+    else:
+        df, scale = n_candidate + n_reference - 2, math.sqrt(n_candidate * n_reference / (n_candidate + n_reference))
+    critical = stats.t.ppf(1 - alpha / 2, df)
+
+    def shortfall(effect: float) -> float:
+        noncentrality = effect * scale
+        # the lower tail as the upper tail of the mirrored distribution: nct.cdf far in the tail can return NaN
+        return stats.nct.sf(critical, df, noncentrality) + stats.nct.sf(critical, df, -noncentrality) - power
+
+    upper = 1.0
+    while shortfall(upper) < 0:
+        upper *= 2
+    return float(optimize.brentq(shortfall, 0.0, upper, xtol=1e-6))
+
+
+def effect_interval(effect: float, n_candidate: int, n_reference: int, paired: bool,
+                    confidence: float = 0.95) -> tuple[float, float]:
+    """Approximate confidence interval of Cohen's d_z (paired) or d: effect ± z·SE, with SE² = 1/n + d²/(2n)
+    paired and (n₁+n₂)/(n₁n₂) + d²/(2(n₁+n₂)) unpaired (Hedges & Olkin 1985)."""
+    if paired:
+        variance = 1 / n_candidate + effect ** 2 / (2 * n_candidate)
+    else:
+        total = n_candidate + n_reference
+        variance = total / (n_candidate * n_reference) + effect ** 2 / (2 * total)
+    half = stats.norm.ppf(0.5 + confidence / 2) * math.sqrt(variance)
+    return float(effect - half), float(effect + half)
 
 
 def _no_spread(spread: float, x: np.ndarray, y: np.ndarray) -> bool:

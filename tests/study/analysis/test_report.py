@@ -18,7 +18,7 @@ from scipy import stats
 
 from study import replicate as replicate_cli
 from study import report as report_cli
-from study.analysis.document import config_id
+from study.analysis.runs import config_id
 
 pytestmark = pytest.mark.slow
 
@@ -251,15 +251,8 @@ def _rows(configs: list[tuple[str, int, float]], **extra: object) -> pd.DataFram
 
 
 def test_replicates_stand_for_their_configuration() -> None:
-    from study.analysis.document import (
-        StudyResults,
-        aggregate,
-        assign_labels,
-        choose,
-        collect_runs,
-        extra_table,
-        name_configs,
-    )
+    from study.analysis.runs import StudyResults, assign_labels, collect_runs, name_configs
+    from study.analysis.tables import aggregate, choose, extra_table
 
     trials = _rows([("a0", 0, 0.50), ("b0", 0, 0.40)])
     usage = [json.dumps({"expert_usage_rate": rate, "expert_max_load": 0.1}) for rate in (0.5, 0.7)]
@@ -285,7 +278,7 @@ def test_replicates_stand_for_their_configuration() -> None:
 
 
 def test_results_table_marks_bold_significance_and_improvement() -> None:
-    from study.analysis.document import results_table
+    from study.analysis.tables import results_table
 
     chosen = pd.DataFrame([
         {"label": "sasrec", "name": "sasrec-1", "n_seeds": 3, "test_ndcg@10": 0.20, "test_ndcg@10_std": 0.01},

@@ -1,0 +1,205 @@
+"""The report document on hand-made results folders (no Ray): rounding, figures, layout, small samples, max_len.
+
+Two studies (sasrec, gru4rec) of four configurations each, searched over seven keys, every configuration run
+under seeds 0, 1, 2 (so the tests pair and have little power). The studies differ in ``max_len`` but share the
+dataset hash, as they do once the prepared data no longer depends on ``max_len``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from scipy import stats
+
+from study import replicate as replicate_cli
+from study import report as report_cli
+from study.analysis import figures
+from study.analysis.document import default_out, low_power_note
+from study.analysis.render import TABLE_BOX_CLASS
+from study.analysis.significance import POWERED_SEEDS, compare, minimum_detectable_effect
+from study.analysis.tables import fmt, plain_value, results_table
+
+SEARCH = {"hidden_size": {"choice": [16, 32]}, "lr": {"loguniform": [1e-4, 1e-2]},
+          "dropout": {"uniform": [0.0, 0.5]}, "num_layers": {"int": [1, 4]}, "num_heads": {"choice": [1, 2]},
+          "attention": {"choice": ["softmax", "linear"]}, "weight_decay": {"loguniform": [1e-6, 1e-3]}}
+LONG_LR = 0.00031622776601683794  # what a loguniform sampler returns: 17 significant digits
+
+
+def _configs() -> list[dict[str, Any]]:
+    return [{"hidden_size": 16, "lr": LONG_LR, "dropout": 0.123456789, "num_layers": 1, "num_heads": 1,
+             "attention": "softmax", "weight_decay": 1.2345678e-6},
+            {"hidden_size": 32, "lr": 0.0012345678, "dropout": 0.2, "num_layers": 2, "num_heads": 2,
+             "attention": "linear", "weight_decay": 3.3e-5},
+            {"hidden_size": 16, "lr": 0.0087654321, "dropout": 0.35, "num_layers": 3, "num_heads": 2,
+             "attention": "softmax", "weight_decay": 2.2e-4},
+            {"hidden_size": 32, "lr": 0.0001, "dropout": 0.45, "num_layers": 4, "num_heads": 1,
+             "attention": "linear", "weight_decay": 9.9e-4}]
+
+
+def write_study(folder: Path, model: str, max_len: int, offset: float) -> Path:
+    """A results folder as a sweep writes it: trials.parquet and study.yaml, 4 configurations x seeds 0-2."""
+    rng = np.random.default_rng(len(model))
+    rows = []
+    for number, settings in enumerate(_configs()):
+        for seed in range(3):
+            config = {**settings, "max_len": max_len, "seed": seed}
+            ndcg = offset + 0.01 * number + rng.normal(0, 0.003)
+            rows.append({"trial_id": f"{model}-{number}-{seed}", "status": "ok", "model": model,
+                         "study": folder.name, "seed": seed, "config": json.dumps(config),
+                         **{f"config.{k}": v for k, v in config.items()},
+                         "dataset": "lastfm", "dataset_hash": "same-data", "eval_mode": "full", "num_negatives": 0,
+                         "negative_sampler": "", "mask_history": True, "objective": "causal",
+                         "valid_ndcg@10": ndcg, "test_ndcg@10": ndcg * 0.9 + rng.normal(0, 0.002),
+                         "peak_mem_mb": 100.0 + 37.123456 * number + offset * 100,
+                         "infer_ms_p50": 2.0 + 0.7654321 * (3 - number), "stop_reason": "max_epochs"})
+    folder.mkdir(parents=True)
+    pd.DataFrame(rows).to_parquet(folder / "trials.parquet", index=False)
+    (folder / "study.yaml").write_text(yaml.safe_dump({"name": folder.name, "model": model, "search": SEARCH,
+                                                       "fixed": {"max_len": max_len}}))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Both studies reported once, with plots; every figure is kept open for inspection before it is saved."""
+    root = tmp_path_factory.mktemp("document")
+    studies = [write_study(root / "lastfm-sasrec", "sasrec", 50, 0.10),
+               write_study(root / "lastfm-gru4rec", "gru4rec", 200, 0.12)]
+    drawn: dict[str, Any] = {}
+    original = figures.save_figure
+
+    def keep(figure: Any, stem: str | Path, **kwargs: Any) -> list[Path]:
+        drawn[Path(stem).name] = {"axes": figure.axes, "legends": [[t.get_text() for t in ax.get_legend().get_texts()]
+                                                                  for ax in figure.axes if ax.get_legend()]}
+        return original(figure, stem, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SEQREC_DATA", str(root / "cache"))
+        patch.setattr(figures, "save_figure", keep)
+        code = report_cli.main([str(p) for p in studies] + ["--metrics", "test_ndcg@10"])
+    assert code == 0
+    out = root / "report-lastfm-sasrec+lastfm-gru4rec"  # the default folder of several studies
+    return {"out": out, "figures": drawn, "markdown": (out / "report.md").read_text(),
+            "html": (out / "report.html").read_text()}
+
+
+def test_numbers_have_at_most_four_significant_digits() -> None:
+    assert [fmt(v) for v in (0.123456, 1.23456, 12.3456, 123.456, 1234.56, 1234567.8, 0.00123456, 1.23456e-7)] == \
+        ["0.1235", "1.235", "12.35", "123.5", "1,235", "1,235,000", "0.001235", "1.235e-07"]
+    assert fmt(1090) == "1,090" and fmt(np.int64(7)) == "7"  # counts are exact
+    assert plain_value(LONG_LR) == "0.0003162" and plain_value(32.0) == "32" and plain_value("linear") == "linear"
+    chosen = pd.DataFrame([{"label": "a", "name": "a-1", "n_seeds": 2, "m": 0.123456, "m_std": 0.0123456},
+                           {"label": "b", "name": "b-1", "n_seeds": 2, "m": 0.1, "m_std": np.nan}])
+    table, numbers, _ = results_table(chosen, ["m"], pd.DataFrame(), None, None)
+    assert table["m"].tolist() == ["**0.1235** ± 0.0123", "0.1000", "+23.46%"]
+    assert numbers["mean"].tolist() == [0.123456, 0.1]  # the files keep full precision
+
+
+def test_report_tables_round_but_files_keep_full_precision(report: dict[str, Any]) -> None:
+    markdown = report["markdown"]
+    assert str(LONG_LR) not in markdown and "0.0003162" in markdown
+    assert "0.123456789" not in markdown and "0.1235" in markdown
+    configurations = pd.read_csv(report["out"] / "configurations.csv")
+    assert LONG_LR in configurations["lr"].tolist()
+
+
+def test_studies_with_different_max_len_compare_and_show_it(report: dict[str, Any]) -> None:
+    markdown = report["markdown"]
+    assert "MIXED PROTOCOLS" not in markdown
+    selected = pd.read_parquet(report["out"] / "selected.parquet").set_index("label")
+    assert selected.loc["sasrec", "max_len"] == 50 and selected.loc["gru4rec", "max_len"] == 200
+    front = pd.read_parquet(report["out"] / "pareto_front.parquet")
+    assert "max_len" in front
+    protocol = markdown.split("## Studies and protocol")[1].split("## Dataset")[0]
+    header = next(line for line in protocol.splitlines() if line.startswith("| study | dataset |"))
+    assert "| max_len |" in header
+    rows = [line for line in protocol.splitlines() if line.startswith("| lastfm-")]
+    assert any("| 50 |" in row for row in rows) and any("| 200 |" in row for row in rows)
+
+
+def test_every_searched_key_is_plotted_on_a_numeric_axis(report: dict[str, Any]) -> None:
+    drawn = report["figures"]
+    for model in ("sasrec", "gru4rec"):
+        stems = sorted(s for s in drawn if s.startswith(f"hyperparameters_{model}"))
+        assert stems == [f"hyperparameters_{model}", f"hyperparameters_{model}_2"]  # 7 keys: 6 + 1
+        axes = [ax for stem in stems for ax in drawn[stem]["axes"] if ax.get_xlabel()]
+        by_key = {ax.get_xlabel().removesuffix(" (log scale)"): ax for ax in axes}
+        assert set(by_key) == set(SEARCH)
+        for key in ("lr", "weight_decay"):  # log-searched
+            assert by_key[key].get_xscale() == "log" and by_key[key].get_xlabel().endswith("(log scale)")
+        for key in ("hidden_size", "dropout", "num_layers", "num_heads"):
+            assert by_key[key].get_xscale() == "linear"
+        # numeric: the axis spans the values themselves, not category positions 0 … k-1
+        assert by_key["hidden_size"].get_xlim()[1] > 30
+        assert [t.get_text() for t in by_key["hidden_size"].get_xticklabels()] == ["16", "32"]
+        assert [t.get_text() for t in by_key["dropout"].get_xticklabels()] == ["0.1235", "0.2", "0.35", "0.45"]
+        lr_ticks = [t.get_text() for t in by_key["lr"].get_xticklabels()]
+        assert "0.0003162" in lr_ticks and max(len(t) for t in lr_ticks) <= 9
+        assert [t.get_text() for t in by_key["attention"].get_xticklabels()] == ["linear", "softmax"]
+
+
+def test_every_drawn_element_of_a_front_plot_is_in_its_legend(report: dict[str, Any]) -> None:
+    pair_plots = {stem: info for stem, info in report["figures"].items() if stem.startswith("pareto_")}
+    assert len(pair_plots) == 3
+    for info in pair_plots.values():
+        (legend,) = info["legends"]
+        for entry in ("sasrec", "gru4rec", "sasrec's own front", "gru4rec's own front", "Pareto front (all models)",
+                      "on the front (named)"):
+            assert entry in legend
+        (ax,) = info["axes"]
+        assert ax.yaxis.get_major_formatter()(0.123456789, 0) == "0.1235"
+
+
+def test_tables_scroll_inside_the_page(report: dict[str, Any]) -> None:
+    html = report["html"]
+    assert html.count("<table>") >= 8
+    assert html.count(f'<div class="{TABLE_BOX_CLASS}"><table>') == html.count("<table>")
+    assert f".{TABLE_BOX_CLASS}{{max-width:100%;overflow-x:auto" in html
+
+
+def test_default_output_folder_joins_the_study_names_with_plus(tmp_path: Path) -> None:
+    assert default_out([tmp_path / "a", tmp_path / "b"]) == tmp_path / "report-a+b"
+    assert default_out([tmp_path / "a"]) == tmp_path / "a" / "report"
+
+
+def test_minimum_detectable_effect_matches_power_tables_and_simulation() -> None:
+    # G*Power / Cohen (1988): n = 5 pairs → d_z 1.68; 5 per group → d 2.02; 26 per group → d 0.79
+    assert minimum_detectable_effect(5, 5, paired=True) == pytest.approx(1.682, abs=2e-3)
+    assert minimum_detectable_effect(5, 5, paired=False) == pytest.approx(2.024, abs=2e-3)
+    assert minimum_detectable_effect(26, 26, paired=False) == pytest.approx(0.792, abs=2e-3)
+    assert np.isnan(minimum_detectable_effect(1, 1, paired=True))
+    # at that effect, a paired t-test on 4 pairs rejects 80 % of the time
+    effect = minimum_detectable_effect(4, 4, paired=True)
+    differences = np.random.default_rng(0).normal(effect, 1.0, size=(20000, 4))
+    rejected = stats.ttest_1samp(differences, 0.0, axis=1).pvalue < 0.05
+    assert rejected.mean() == pytest.approx(0.8, abs=0.015)
+
+
+def test_small_samples_mark_effects_unreliable_and_say_what_they_could_detect(report: dict[str, Any]) -> None:
+    seeds = range(3)
+    few = compare(pd.Series([0.30, 0.33, 0.31], index=seeds), pd.Series([0.20, 0.22, 0.23], index=seeds))
+    assert few["test"] == "paired-t" and not few["effect_reliable"] and np.isnan(few["effect_ci_low"])
+    assert few["mde"] == pytest.approx(minimum_detectable_effect(3, 3, paired=True))
+    rng = np.random.default_rng(1)
+    many = compare(pd.Series(rng.normal(1, 1, 8)), pd.Series(rng.normal(0, 1, 8)))
+    assert many["effect_reliable"] and many["effect_ci_low"] < many["effect"] < many["effect_ci_high"]
+    note = low_power_note(pd.DataFrame([{"candidate": "b", **few}]))
+    assert "LOW POWER" in note and f"|d_z| ≥ {fmt(few['mde'])} (3 pairs)" in note
+    assert low_power_note(pd.DataFrame([{"candidate": "b", **many}])) == ""
+    section = report["markdown"].split("## Significance")[1].split("## Pareto fronts")[0]
+    assert "LOW POWER" in section and f"fewer than {POWERED_SEEDS} seeds per side" in section
+    assert f"(unreliable: n < {POWERED_SEEDS})" in section
+
+
+def test_replicate_plan_shows_rounded_values() -> None:
+    plan = [{"source_trial_id": "t1", "config_id": "abc", "name": "sasrec-1", "seed": seed,
+             "config": {"lr": LONG_LR, "dropout": 0.123456789, "hidden_size": 32, "seed": seed}} for seed in (1, 2)]
+    text = replicate_cli.describe(plan)
+    assert "lr=0.0003162, dropout=0.1235, hidden_size=32" in text and "seeds 1, 2" in text
+    assert str(LONG_LR) not in text
