@@ -20,8 +20,9 @@ or ``~/.cache/seqrec-study``):
 Command line: ``python -m study.data prepare NAME ...`` and ``python -m study.data list``.
 """
 
+from study.data.cache import FORMAT_VERSION, cache_dir, list_prepared
 from study.data.dataset import PreparedDataset, item_popularity, load_prepared
-from study.data.pipeline import FORMAT_VERSION, cache_dir, list_prepared, prepare
+from study.data.pipeline import prepare
 from study.data.recipes import DEFAULT_RECIPE, RECIPES, Recipe, get_recipe
 
 __all__ = [

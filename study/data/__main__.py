@@ -11,7 +11,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from study.data.pipeline import FORMAT_VERSION, cache_dir, list_prepared, prepare
+from study.data.cache import FORMAT_VERSION, cache_dir, list_prepared
+from study.data.pipeline import prepare
 from study.data.recipes import DEFAULT_RECIPE, RECIPES
 from study.errors import UserError
 

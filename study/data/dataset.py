@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from study.data.pipeline import FORMAT_VERSION
+from study.data.cache import FORMAT_VERSION
 from study.errors import UserError
 
 SPLITS = ("train", "valid", "test")

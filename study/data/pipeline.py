@@ -50,29 +50,22 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from study.data import synthetic
+from study.data.cache import (
+    FORMAT_VERSION,
+    PreparedCopy,
+    cache_dir,
+    keep_source,
+    known_source,
+    prepared_root,
+)
 from study.data.download import download, movielens_url
 from study.data.readers import Source, ZipMember
 from study.data.recipes import Counts, Recipe, get_recipe
 from study.errors import UserError
 
 # Bump whenever the processing or the file layout changes: old prepared directories are then not reused.
-FORMAT_VERSION = 2  # 2: the identity hash leaves out max_len; sources of downloadable recipes are kept
 MIN_INTERACTIONS = 3  # leave-one-out needs one training, one validation and one test item
-CACHE_ENV = "SEQREC_DATA"
 SPLIT = "leave-one-out"
-
-
-def cache_dir() -> Path:
-    """The data cache: ``$SEQREC_DATA`` if set, else ``~/.cache/seqrec-study``."""
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "seqrec-study").expanduser()
-
-
-def prepared_root() -> Path:
-    return cache_dir() / "prepared"
-
-
-def kept_sources_root() -> Path:
-    return cache_dir() / "sources"
 
 
 def _say(progress: bool, message: str) -> None:
@@ -355,72 +348,6 @@ def length_stats(lengths: np.ndarray) -> dict[str, float | int]:
     }
 
 
-@dataclass
-class PreparedCopy:
-    """A prepared directory that matches a request made by name, and a readable copy of its source (or None)."""
-
-    path: Path
-    source: Path | None
-
-
-def _identity(meta: dict) -> dict:
-    """The identity settings recorded in a prepared copy's meta.json (everything but the name and window length)."""
-    return {key: value for key, value in meta.get("recipe", {}).items() if key not in ("name", "max_len")}
-
-
-def _readable_source(meta: dict) -> Path | None:
-    """A copy of the source a prepared directory was made from that still exists: the kept one, else the original."""
-    source = meta.get("source", {})
-    for key in ("kept", "path"):
-        if source.get(key) and Path(source[key]).exists():
-            return Path(source[key])
-    return None
-
-
-def known_source(name: str, settings: dict[str, Any]) -> PreparedCopy | Path | None:
-    """What ``prepare(name)`` without a source should use: a prepared copy with these settings, else the one source
-    this name was prepared from (to re-read it with other settings), else None (download, or ask for --source).
-
-    Two different sources prepared under one name are ambiguous: a clear error lists them.
-    """
-    copies = [(path, meta) for path, meta in list_prepared()
-              if meta.get("name") == name and meta.get("format_version") == FORMAT_VERSION]
-    by_source: dict[str, list[tuple[Path, dict]]] = {}
-    for path, meta in copies:
-        by_source.setdefault(str(meta.get("source", {}).get("sha256")), []).append((path, meta))
-    if len(by_source) > 1:
-        described = "; ".join(f"{_describe_source(group[0][1])} (prepared {group[0][1].get('created', '?')})"
-                              for group in by_source.values())
-        raise UserError(f"dataset '{name}' is prepared from {len(by_source)} different sources: {described}. "
-                        f"Choose one with --source PATH (dataset.source in a study file), or remove the copies "
-                        f"you do not want from {prepared_root()} (python -m study.data list shows them)")
-    if not by_source:
-        return None
-    (group,) = by_source.values()
-    for path, meta in group:
-        if _identity(meta) == settings:
-            return PreparedCopy(path, _readable_source(meta))
-    readable = [source for _, meta in group if (source := _readable_source(meta)) is not None]
-    return readable[0] if readable else None
-
-
-def _describe_source(meta: dict) -> str:
-    source = meta.get("source", {})
-    return source.get("url") or source.get("path") or source.get("generator") or "unknown source"
-
-
-def _keep_source(name: str, located: Source, info: dict) -> Path:
-    """Copy the source of a downloadable recipe into the cache, so later runs need neither it nor the network."""
-    original = Path(located.archive if isinstance(located, ZipMember) else located)
-    kept = kept_sources_root() / name / info["sha256"][:12] / original.name
-    if not kept.is_file():
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        partial = kept.with_name(f".{kept.name}.partial")
-        shutil.copyfile(original, partial)
-        os.replace(partial, kept)
-    return kept
-
-
 def _reuse(path: Path, max_len: int, *, progress: bool) -> Path:
     """Reuse a prepared directory, widening its stored windows first when ``max_len`` asks for more."""
     meta = json.loads((path / "meta.json").read_text())
@@ -488,7 +415,7 @@ def prepare(
     if not force and (final / "meta.json").is_file():
         return _reuse(final, max_len, progress=progress)
     if not recipe.synthetic and recipe.download is not None and "url" not in info:
-        info["kept"] = str(_keep_source(name, located, info))
+        info["kept"] = str(keep_source(name, located, info))
 
     _say(progress, f"reading {info.get('file', 'synthetic generator')}")
     if recipe.synthetic:
@@ -543,19 +470,3 @@ def prepare(
         shutil.rmtree(tmp, ignore_errors=True)  # no-op after a successful rename
     _say(progress, f"wrote {final}")
     return final
-
-
-def list_prepared() -> list[tuple[Path, dict]]:
-    """Every complete prepared directory in the cache with its meta.json, sorted by name."""
-    found = []
-    root = prepared_root()
-    if root.is_dir():
-        for path in sorted(root.iterdir()):
-            meta_file = path / "meta.json"
-            if path.name.startswith(".") or not meta_file.is_file():
-                continue
-            try:
-                found.append((path, json.loads(meta_file.read_text())))
-            except (OSError, json.JSONDecodeError):
-                continue
-    return found
