@@ -4,6 +4,11 @@ Data flow: :func:`load_study` reads the YAML (keeping each key's line number), a
 then :func:`resolve` checks every section and returns a :class:`Study`, or raises :class:`StudyConfigError`
 listing every problem at once, each naming its key (``file:line: section.key: message``).
 
+Typed sections (``dataset``, ``budget``, ``scheduler``, ``resources``, ``searcher``) are read by
+:mod:`study.spec.fields`, the ``search:`` distributions by :mod:`study.spec.search_space`; this module holds the
+:class:`Study`, the keys each section may name, and the checks across sections. A budget shorter than the schedule
+or the sampler needs is adapted to rather than refused (:attr:`Study.adaptation` says how).
+
 The schema is documented in ``docs/sweep.md`` (pasted into the README) and summarised in ``SCHEMA_HELP``,
 which ``python -m study.sweep --help`` prints. Hyperparameter names in ``protocol``, ``fixed`` and ``search``
 are exactly the keys of :class:`study.train.config.TrainConfig` and of the model's config, so ``--set`` on
@@ -58,7 +63,7 @@ REQUIRED = ("name", "model")
 # How a trial runs, not what it learns: set by the sweep from the resources, never searched.
 EXECUTION_KEYS = ("device", "num_threads", "eval_batch_size", "measure_efficiency")
 SAMPLERS = ("auto", "tpe", "nsga2", "random", "grid")
-# Efficiency figures a trial measures once before its first epoch and reports with every epoch (see tune_runner).
+# Efficiency figures a trial measures once before its first epoch and reports with every epoch (see study.search.trial).
 MEASURED_OBJECTIVES = ("peak_mem_mb", "infer_ms_p50", "infer_ms_p95")  # need measure_efficiency
 MAX_CHECKED_POINTS = 4096  # beyond this many search combinations, check one key at a time
 MAX_BUILT_MODELS = 32  # models built to check the training objective, after de-duplicating their configs

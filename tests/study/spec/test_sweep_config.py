@@ -210,6 +210,7 @@ def test_help_documents_the_schema(capsys: pytest.CaptureFixture) -> None:
         main(["--help"])
     assert exited.value.code == 0
     out = capsys.readouterr().out
-    for section in ("objectives:", "budget:", "scheduler:", "resources:", "seeds:", "loguniform", "grid", "--set",
+    for section in ("objectives:", "budget:", "scheduler:", "resources:", "searcher:", "n_startup_trials", "seeds:",
+                    "loguniform", "grid", "--set", "budget.max_epochs=1",
                     "--dry-run", "--resume", "--dashboard"):
         assert section in out, section
