@@ -59,6 +59,7 @@ def data_parallel_trial(config: dict[str, Any], *, plan: TrialPlan, data: TrialD
 
 
 def data_parallel_worker(loop_config: dict[str, Any]) -> None:
+    """One Ray Train worker: trains the trial's replica on its shard, averaging gradients before every step."""
     import ray.train
     import torch
     import torch.distributed as dist

@@ -221,3 +221,18 @@ def test_a_one_epoch_quick_run_turns_asha_off_and_runs(tmp_path: Path, data_cach
     resolved = yaml.safe_load(text)
     assert resolved["scheduler"] is None and resolved["budget"]["max_epochs"] == 1
     assert resolved["searcher"] == {"n_startup_trials": 2, "multivariate": True, "n_ei_candidates": 24}
+
+
+def test_a_data_parallel_trial_runs_on_two_workers(tmp_path: Path, data_cache: Path, ray_session,
+                                                   write_tiny_sweep) -> None:
+    from study.search.recorder import read_records
+    from study.search.runner import run_study
+    from study.spec.sweep import load_study
+
+    out = tmp_path / "out"
+    path = write_tiny_sweep(tmp_path / "study.yaml", name="two-workers", storage=out, samples=1)
+    run_study(load_study(path, ["resources.workers_per_trial=2"]), quiet=True)
+
+    (record,) = read_records(out / "trials").values()
+    assert record["status"] == "ok" and record["last_report"]["workers"] == 2, record["error"]
+    assert [row["epoch"] for row in record["history"]] == [1]
