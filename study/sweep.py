@@ -53,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError("--resume and --dry-run exclude each other")
         # a joined cluster may have more CPUs/GPUs than this machine: only check the machine for an embedded Ray
         study = load_study(args.study, args.overrides, check_machine=args.address == "local")
+        if study.adaptation:  # a shortened budget runs: say once what it changed (study.yaml records it too)
+            print(f"adapted to the budget: {study.adaptation}", file=sys.stderr)
         if args.dry_run:
             mirrored = f", mirrored to {study.storage_uri}" if study.storage_uri else ""
             print(study.to_yaml(), end="")

@@ -8,23 +8,27 @@
 * ``history.parquet``: one row per trial and epoch.
 
 Every file is written to a temporary name in the same folder, then ``os.replace``d into place, so a reader (or a
-crash) never sees half a file.
+crash) never sees half a file. :class:`SweepRecorder` is the Tune callback on the driver that writes them.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from ray.tune import Callback
 
 from study.analysis import pareto
-from study.analysis.runs import table_paths
+from study.analysis.runs import RECORDS_DIR, table_paths
+from study.storage import Mirror
 from study.train.config import TrainConfig, split_settings
 from study.train.results import json_safe, protocol_of
 
@@ -225,3 +229,90 @@ def summary(trials: pd.DataFrame, objectives: dict[str, str], searched: list[str
     lines.append("files:")
     lines += [f"  {path}" for path in paths.values()]
     return "\n".join(lines)
+
+
+def _error_message(trial: Any) -> str:
+    """The original exception of a failed trial as ``Type: message`` (Ray wraps it in its own errors).
+
+    Read from the trial's local error files: when the driver's callback runs, Tune has written them there but
+    not yet synced them to the storage path that ``Trial.get_pickled_error`` reads.
+    """
+    import ray.cloudpickle
+
+    error = None
+    try:
+        with open(trial.pickled_error_file, "rb") as handle:
+            error = ray.cloudpickle.load(handle)
+    except Exception:  # missing or not unpicklable on the driver: fall back to the text trace
+        pass
+    seen = 0
+    while error is not None and getattr(error, "cause", None) is not None and seen < 5:
+        error, seen = error.cause, seen + 1
+    if error is not None:
+        text = str(error).strip().splitlines()
+        return f"{type(error).__name__}: {text[-1] if text else ''}"[:2000]
+    try:
+        trace = Path(trial.error_file).read_text().strip().splitlines()
+    except (OSError, TypeError):
+        trace = []
+    return trace[-1][:2000] if trace else "unknown error (see the trial's error.txt under tune/)"
+
+
+class SweepRecorder(Callback):
+    """Driver-side: keeps each trial's epoch history and writes its record the moment it ends."""
+
+    def __init__(self, out_dir: str, context: dict[str, Any], mirror: Mirror | None = None):
+        self.out_dir, self.context, self.mirror = out_dir, context, mirror
+        self.history: dict[str, list[dict]] = {}
+        self.last: dict[str, dict] = {}
+        self.records: dict[str, dict] = {}
+
+    def setup(self, **info: Any) -> None:
+        # Also runs after Tuner.restore, which unpickles this callback: start from the records on disk.
+        self.history, self.last = {}, {}
+        self.records = read_records(Path(self.out_dir) / RECORDS_DIR)
+        budget = self.context["study_time_budget_s"]
+        self.deadline = time.time() + budget if budget else math.inf
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        self.last[trial.trial_id] = dict(result)
+        if not result.get("replayed"):
+            self.history.setdefault(trial.trial_id, []).append(history_row(result))
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._record(trial, STATUS_OK, "")
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._record(trial, STATUS_FAILED, _error_message(trial))
+
+    def _record(self, trial: Any, status: str, error: str) -> None:
+        last = self.last.pop(trial.trial_id, None) or {}
+        if last.get("replayed") or (trial.trial_id in self.records and status == STATUS_FAILED
+                                    and self.records[trial.trial_id]["status"] == STATUS_FAILED):
+            return  # already recorded before an interruption
+        settings = {**self.context["base_settings"], **trial.config}
+        report = {k: v for k, v in last.items() if k not in _TUNE_BOOKKEEPING}
+        record = {
+            "trial_id": trial.trial_id,
+            "status": status,
+            "error": error,
+            "stop_reason": stop_reason(status, report, settings, scheduler_stop=bool(last.get("done")),
+                                       study_budget_over=time.time() >= self.deadline - 1.0),
+            "config": dict(trial.config),
+            "started_at": report.get("trial_started_at"),
+            "finished_at": time.time(),
+            "last_report": report,
+            "history": self.history.pop(trial.trial_id, []),
+        }
+        out = Path(self.out_dir)
+        write_record(out / RECORDS_DIR, record)
+        self.records[trial.trial_id] = record
+        write_tables(out, self.context, self.records)
+        if self.mirror is not None:
+            self.mirror.push()  # throttled; the run ends with a full push
+
+
+_TUNE_BOOKKEEPING = {"done", "training_iteration", "trial_id", "date", "timestamp", "time_this_iter_s",
+                     "time_total_s", "hostname", "node_ip", "time_since_restore", "iterations_since_restore",
+                     "checkpoint_dir_name", "config", "should_checkpoint"}
+

@@ -4,6 +4,11 @@ Data flow: :func:`load_study` reads the YAML (keeping each key's line number), a
 then :func:`resolve` checks every section and returns a :class:`Study`, or raises :class:`StudyConfigError`
 listing every problem at once, each naming its key (``file:line: section.key: message``).
 
+Typed sections (``dataset``, ``budget``, ``scheduler``, ``resources``, ``searcher``) are read by
+:mod:`study.spec.fields`, the ``search:`` distributions by :mod:`study.spec.search_space`; this module holds the
+:class:`Study`, the keys each section may name, and the checks across sections. A budget shorter than the schedule
+or the sampler needs is adapted to rather than refused (:attr:`Study.adaptation` says how).
+
 The schema is documented in ``docs/sweep.md`` (pasted into the README) and summarised in ``SCHEMA_HELP``,
 which ``python -m study.sweep --help`` prints. Hyperparameter names in ``protocol``, ``fixed`` and ``search``
 are exactly the keys of :class:`study.train.config.TrainConfig` and of the model's config, so ``--set`` on
@@ -15,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +29,19 @@ import yaml
 import models
 from models import ConfigError
 from study.errors import UserError
+from study.spec.fields import (
+    VALID_METRICS,
+    Budget,
+    Resources,
+    Scheduler,
+    Searcher,
+    read_budget,
+    read_resources,
+    read_scheduler,
+    read_searcher,
+    resolve_dataset,
+)
+from study.spec.search_space import SearchParam, read_search_param
 from study.spec.yaml_io import (
     NAME_PATTERN,
     ConfigErrors,
@@ -33,24 +51,20 @@ from study.spec.yaml_io import (
     read_section,
     read_yaml,
     typed,
-    yaml_number,
 )
 from study.storage import resolve_storage
 from study.train.config import METRIC_KS, TRAIN_FIELDS, TrainConfig, coerce, field_type, split_settings
-from study.train.metrics import METRIC_NAMES
 from study.train.results import EFFICIENCY_METRICS, PROTOCOL_SETTINGS
 
 SECTIONS = ("name", "model", "dataset", "protocol", "fixed", "search", "objectives", "budget", "scheduler",
-            "resources", "sampler", "seeds", "storage")
+            "resources", "sampler", "searcher", "seeds", "storage")
 REQUIRED = ("name", "model")
 # The evaluation protocol is fixed for a whole study: metrics measured under different protocols are not comparable.
 # How a trial runs, not what it learns: set by the sweep from the resources, never searched.
 EXECUTION_KEYS = ("device", "num_threads", "eval_batch_size", "measure_efficiency")
-DISTRIBUTIONS = ("choice", "grid", "int", "uniform", "loguniform")
 SAMPLERS = ("auto", "tpe", "nsga2", "random", "grid")
-# Efficiency figures a trial measures once before its first epoch and reports with every epoch (see tune_runner).
+# Efficiency figures a trial measures once before its first epoch and reports with every epoch (see study.search.trial).
 MEASURED_OBJECTIVES = ("peak_mem_mb", "infer_ms_p50", "infer_ms_p95")  # need measure_efficiency
-VALID_METRICS = tuple(f"valid_{name}@{k}" for name in METRIC_NAMES for k in METRIC_KS)
 MAX_CHECKED_POINTS = 4096  # beyond this many search combinations, check one key at a time
 MAX_BUILT_MODELS = 32  # models built to check the training objective, after de-duplicating their configs
 
@@ -75,38 +89,13 @@ study YAML (docs/sweep.md has the full reference):
   scheduler: {type: asha, metric: valid_ndcg@10, mode: max, grace_period: 2, reduction_factor: 2}
   resources: {cpu: 1, gpu: 0, workers_per_trial: 1, max_concurrent: auto}
   sampler: auto                     # auto | tpe | nsga2 | random | grid
+  searcher: {n_startup_trials: 8}   # TPE: random start-up (default: covers every choice value; <= num_samples),
+                                    #   multivariate, n_ei_candidates; NSGA-II: population_size
   seeds: {sampler: 0, train: 0}
   storage: null                     # default results/<name>/; a URI (s3://bucket/prefix, gs://…) is mirrored
-override any field with --set section.key=value (dotted; values are YAML: --set search.lr={choice: [0.001]})"""
-
-
-@dataclass
-class SearchParam:
-    """One searched key: ``kind`` is a distribution; ``values`` for choice/grid, else ``low``/``high``."""
-
-    name: str
-    kind: str
-    values: list[Any] = field(default_factory=list)
-    low: float | int | None = None
-    high: float | int | None = None
-    step: float | int | None = None
-    log: bool = False
-
-    def candidates(self) -> list[Any]:
-        """The values validation tries: every choice, or a range's two ends."""
-        if self.kind in ("choice", "grid"):
-            return list(self.values)
-        return [self.low] if self.low == self.high else [self.low, self.high]
-
-    def to_yaml(self) -> dict[str, Any]:
-        if self.kind in ("choice", "grid"):
-            return {self.kind: list(self.values)}
-        spec: dict[str, Any] = {self.kind: [self.low, self.high]}
-        if self.step is not None:
-            spec["step"] = self.step
-        if self.log and self.kind == "int":
-            spec["log"] = True
-        return spec
+override any field with --set section.key=value (dotted; values are YAML: --set search.lr={choice: [0.001]})
+a shortened budget is never refused: --set budget.max_epochs=1 turns ASHA off, =2 lowers its grace period
+(one line says what changed; study.yaml records it)"""
 
 
 @dataclass
@@ -120,20 +109,22 @@ class Study:
     fixed: dict[str, Any]
     search: dict[str, SearchParam]
     objectives: dict[str, str]
-    budget: dict[str, Any]
-    scheduler: dict[str, Any] | None
-    resources: dict[str, Any]
-    sampler: str
+    budget: Budget
+    scheduler: Scheduler | None  # as the budget leaves it (see Scheduler.fit)
+    resources: Resources
+    sampler: str  # as written: auto | tpe | nsga2 | random | grid
+    searcher: Searcher  # the sampler it resolves to, with its settings
     seeds: dict[str, int]
     storage: Path  # the local folder every writer uses
     storage_uri: str | None = None  # where that folder is mirrored (s3://…), if anywhere: see study.storage
     source: Path | None = None
+    adaptation: str = ""  # what a budget shorter than the schedule or sampler needs changed, one line ("": nothing)
     checked_points: int = 0
     exhaustive_check: bool = True
 
     def settings(self, point: dict[str, Any] | None = None) -> dict[str, Any]:
         """Protocol + fixed keys + the budget's epochs + the training seed, then the searched point."""
-        base = {**self.protocol, **self.fixed, "max_epochs": self.budget["max_epochs"]}
+        base = {**self.protocol, **self.fixed, "max_epochs": self.budget.max_epochs}
         if "seed" not in self.search:
             base["seed"] = self.seeds["train"]
         return {**base, **(point or {})}
@@ -148,9 +139,7 @@ class Study:
 
     @property
     def resolved_sampler(self) -> str:
-        if self.sampler != "auto":
-            return self.sampler
-        return "grid" if self.is_grid else "tpe"
+        return self.searcher.sampler
 
     def max_len_candidates(self) -> list[int]:
         """Every input length a trial may use; the dataset is prepared once for the longest."""
@@ -170,10 +159,11 @@ class Study:
             "fixed": dict(self.fixed),
             "search": {name: p.to_yaml() for name, p in self.search.items()},
             "objectives": dict(self.objectives),
-            "budget": dict(self.budget),
-            "scheduler": dict(self.scheduler) if self.scheduler else None,
-            "resources": dict(self.resources),
+            "budget": self.budget.to_dict(),
+            "scheduler": self.scheduler.to_dict() if self.scheduler else None,
+            "resources": self.resources.to_dict(),
             "sampler": self.sampler,
+            "searcher": self.searcher.to_dict(),
             "seeds": dict(self.seeds),
             "storage": self.storage_uri or str(self.storage),
         }
@@ -203,128 +193,6 @@ def _key_type(model: str, key: str) -> type:
 
 def _known_keys(model: str) -> set[str]:
     return (set(TRAIN_FIELDS) | set(models.config_fields(model))) - {"num_items"}
-
-
-def resolve_dataset(data: dict, errors: ConfigErrors, source: Path | None) -> dict[str, Any]:
-    """The ``dataset:`` section of a study file (sweep or scaling): recipe, source, k-core and recipe options."""
-    from study.data import get_recipe
-
-    if isinstance(data.get("dataset"), str):  # `dataset: lastfm` is a natural shorthand
-        section = {"name": data["dataset"]}
-    else:
-        section = read_section(data, "dataset", errors, {"name": "ml-100k"})
-    allowed = ("name", "source", "kcore", "options")
-    check_keys(section, "dataset", allowed, errors)
-    name = typed(section, "dataset", "name", str, errors, "ml-100k")
-    kcore = typed(section, "dataset", "kcore", int, errors, None)
-    options = section.get("options") or {}
-    if not isinstance(options, dict):
-        errors.add(("dataset", "options"), f"must be a mapping of recipe options, got {options!r}")
-        options = {}
-    raw_source = section.get("source")
-    dataset_source = None
-    if raw_source is not None:
-        if not isinstance(raw_source, str):
-            errors.add(("dataset", "source"), f"expected a path, got {type(raw_source).__name__} {raw_source!r}")
-        else:
-            candidate = Path(raw_source).expanduser()
-            # a relative source is read relative to the working directory first, then to the study file
-            if not candidate.is_absolute() and not candidate.exists() and source is not None:
-                beside = source.parent / candidate
-                candidate = beside if beside.exists() else candidate
-            if not candidate.exists():
-                errors.add(("dataset", "source"), f"{raw_source} does not exist")
-            dataset_source = str(candidate.resolve()) if candidate.exists() else raw_source
-    if kcore is not None and kcore < 0:
-        errors.add(("dataset", "kcore"), f"must be >= 0, got {kcore}")
-    try:
-        recipe = get_recipe(name)
-    except UserError as error:
-        errors.add(("dataset", "name"), str(error))
-        recipe = None
-    if recipe is not None:
-        try:
-            recipe.resolve_options(dict(options))
-        except UserError as error:
-            errors.add(("dataset", "options"), str(error))
-        if recipe.synthetic and raw_source is not None:
-            errors.add(("dataset", "source"), f"dataset '{name}' is generated and takes no source")
-        if not recipe.synthetic and recipe.download is None and raw_source is None:
-            errors.add(("dataset", "source"), f"dataset '{name}' cannot be downloaded; give a local copy "
-                                              f"(--set dataset.source=PATH): {recipe.source_format}")
-    return {"name": name, "source": dataset_source, "kcore": kcore, "options": dict(options)}
-
-
-def _resolve_param(model: str, key: str, spec: Any, errors: ConfigErrors) -> SearchParam | None:
-    path = ("search", key)
-    if not isinstance(spec, dict):
-        errors.add(path, f"expected a distribution such as {{choice: [..]}}, got {spec!r}; "
-                         f"one of: {', '.join(DISTRIBUTIONS)} (a fixed value goes under fixed:)")
-        return None
-    kinds = [k for k in spec if k in DISTRIBUTIONS]
-    extra = [k for k in spec if k not in DISTRIBUTIONS + ("step", "log")]
-    if len(kinds) != 1 or extra:
-        errors.add(path, f"needs exactly one of {', '.join(DISTRIBUTIONS)} (plus optional step/log), "
-                         f"got {', '.join(map(str, spec)) or 'nothing'}")
-        return None
-    kind = kinds[0]
-    body = spec[kind]
-    target = _key_type(model, key)
-    if kind in ("choice", "grid"):
-        if not isinstance(body, list) or not body:
-            errors.add(path + (kind,), f"expected a non-empty list of values, got {body!r}")
-            return None
-        if "step" in spec or "log" in spec:
-            errors.add(path, f"step/log apply to int/uniform ranges, not {kind}")
-        values = []
-        for index, value in enumerate(body):
-            try:
-                values.append(coerce(key, value, target))
-            except ConfigError as error:
-                errors.add(path + (kind, index), error.errors[0][1])
-        if len(set(map(repr, values))) != len(values):
-            errors.add(path + (kind,), f"repeats a value: {body!r}")
-        return SearchParam(key, kind, values=values)
-    if not isinstance(body, list) or len(body) != 2 or any(yaml_number(v) is None for v in body):
-        errors.add(path + (kind,), f"expected [low, high] numbers, got {body!r}")
-        return None
-    low, high = (yaml_number(v) for v in body)
-    step = yaml_number(spec["step"]) if "step" in spec else None
-    log = spec.get("log", False)
-    if "step" in spec and (step is None or step <= 0):
-        errors.add(path + ("step",), f"must be a positive number, got {spec['step']!r}")
-        step = None
-    if not isinstance(log, bool):
-        errors.add(path + ("log",), f"expected true or false, got {log!r}")
-        log = False
-    if kind == "int":
-        if target is not int:
-            errors.add(path, f"int needs an integer key; {key} is {target.__name__} (use uniform or loguniform)")
-            return None
-        if not all(float(v).is_integer() for v in (low, high)) or (step is not None and not float(step).is_integer()):
-            errors.add(path + (kind,), f"int bounds and step must be integers, got {body!r}")
-            return None
-        low, high = int(low), int(high)
-        step = int(step) if step is not None else None
-        if low > high:
-            errors.add(path + (kind,), f"low {low} exceeds high {high}")
-        if log and (low < 1 or (step or 1) != 1):
-            errors.add(path + ("log",), "a log-scale int range needs low >= 1 and no step")
-        return SearchParam(key, kind, low=low, high=high, step=step, log=log)
-    if target is not float:
-        errors.add(path, f"{kind} samples floats; {key} is {target.__name__} (use int or choice)")
-        return None
-    if "log" in spec:
-        errors.add(path + ("log",), f"log applies to int ranges; use loguniform instead of {kind} + log")
-    low, high = float(low), float(high)
-    if low >= high:
-        errors.add(path + (kind,), f"low {low} must be below high {high}")
-    if kind == "loguniform":
-        if low <= 0:
-            errors.add(path + (kind,), f"loguniform needs low > 0, got {low}")
-        if step is not None:
-            errors.add(path + ("step",), "loguniform takes no step")
-    return SearchParam(key, kind, low=low, high=high, step=float(step) if step is not None else None)
 
 
 def _resolve_objectives(data: dict, errors: ConfigErrors) -> dict[str, str]:
@@ -441,7 +309,7 @@ def resolve(data: dict[str, Any], *, source: Path | None = None, lines: dict[tup
             elif key in fixed:
                 errors.add(("search", key), "also set under fixed:; keep one")
             else:
-                param = _resolve_param(model, key, spec, errors)
+                param = read_search_param(key, spec, _key_type(model, key), errors)
                 if param is not None:
                     search[key] = param
     if not search_spec:
@@ -455,23 +323,9 @@ def resolve(data: dict[str, Any], *, source: Path | None = None, lines: dict[tup
 
     objectives = _resolve_objectives(data, errors)
 
-    check_keys(budget_in, "budget", ("num_samples", "max_epochs", "time_budget_s"), errors)
     grid_size = math.prod(len(p.values) for p in search.values()) if kinds == {"grid"} else 0
-    default_epochs = TrainConfig.max_epochs
-    budget = {
-        "num_samples": typed(budget_in, "budget", "num_samples", int, errors, grid_size or 10),
-        "max_epochs": typed(budget_in, "budget", "max_epochs", int, errors, default_epochs),
-        "time_budget_s": typed(budget_in, "budget", "time_budget_s", (int, float), errors, 0),
-    }
-    if budget["num_samples"] < 1:
-        errors.add(("budget", "num_samples"), f"must be >= 1, got {budget['num_samples']}")
-    if grid_size and budget["num_samples"] > grid_size:
-        errors.add(("budget", "num_samples"), f"{budget['num_samples']} exceeds the {grid_size} points of the grid; "
-                                              "each grid point runs once (search seed to repeat points)")
-    if budget["max_epochs"] < 1:
-        errors.add(("budget", "max_epochs"), f"must be >= 1, got {budget['max_epochs']}")
-    if budget["time_budget_s"] < 0:
-        errors.add(("budget", "time_budget_s"), f"must be >= 0 (0 = no limit), got {budget['time_budget_s']}")
+    notes: list[str] = []  # what a shortened budget changed, printed as one line (see Study.adaptation)
+    budget = read_budget(budget_in, errors, default_epochs=TrainConfig.max_epochs, grid_size=grid_size, notes=notes)
 
     check_keys(seeds_in, "seeds", ("sampler", "train"), errors)
     seeds = {"sampler": typed(seeds_in, "seeds", "sampler", int, errors, 0),
@@ -479,8 +333,11 @@ def resolve(data: dict[str, Any], *, source: Path | None = None, lines: dict[tup
     if "train" in seeds_in and "seed" in search:
         errors.add(("seeds", "train"), "seed is searched; drop seeds.train")
 
-    scheduler = _resolve_scheduler(data, objectives, budget, errors)
-    resources = _resolve_resources(data, errors, check_machine)
+    scheduler = read_scheduler(data, objectives, errors)
+    if scheduler is not None:
+        scheduler, note = scheduler.fit(budget)
+        notes += [note] if note else []
+    resources = read_resources(data, errors, check_machine=check_machine)
 
     sampler = data.get("sampler", "auto") or "auto"
     if sampler not in SAMPLERS:
@@ -490,6 +347,10 @@ def resolve(data: dict[str, Any], *, source: Path | None = None, lines: dict[tup
         errors.add(("sampler",), "sampler grid needs every searched key to be a grid: distribution")
     if kinds == {"grid"} and sampler not in ("auto", "grid"):
         errors.add(("sampler",), f"a grid search is enumerated by the grid sampler, not {sampler}")
+    searcher = read_searcher(data, errors, sampler=_sampler_kind(sampler, kinds),
+                             choice_counts=[len(p.values) for p in search.values() if p.kind == "choice"],
+                             num_samples=budget.num_samples, notes=notes)
+    _fit_trial_time_budget(fixed, budget, notes)
 
     try:
         storage, storage_uri = resolve_storage(data.get("storage"), str(name or "study"))
@@ -499,89 +360,13 @@ def resolve(data: dict[str, Any], *, source: Path | None = None, lines: dict[tup
 
     study = Study(name=str(name), model=str(model), dataset=dataset, protocol=protocol, fixed=fixed, search=search,
                   objectives=objectives, budget=budget, scheduler=scheduler, resources=resources, sampler=sampler,
-                  seeds=seeds, storage=storage, storage_uri=storage_uri, source=source)
+                  searcher=searcher, seeds=seeds, storage=storage, storage_uri=storage_uri, source=source,
+                  adaptation="; ".join(notes))
     if model is not None:
         _check_combinations(study, errors)
     if errors.items:
         raise StudyConfigError(errors.items)
     return study
-
-
-def _resolve_scheduler(data: dict, objectives: dict[str, str], budget: dict, errors: ConfigErrors) -> dict | None:
-    raw = data.get("scheduler", {})
-    if raw in (None, "none", False):
-        return None
-    if raw == "asha":
-        raw = {}
-    if not isinstance(raw, dict):
-        errors.add(("scheduler",), f"expected a mapping, none, or asha; got {raw!r}")
-        return None
-    check_keys(raw, "scheduler", ("type", "metric", "mode", "grace_period", "reduction_factor"), errors)
-    kind = raw.get("type", "asha")
-    if kind in (None, "none"):
-        return None
-    if kind != "asha":
-        errors.add(("scheduler", "type"), f"must be asha or none, got {kind!r}")
-    first_valid = next((m for m in objectives if m in VALID_METRICS), "valid_ndcg@10")
-    metric = raw.get("metric", first_valid)
-    mode = raw.get("mode", objectives.get(metric, "max"))
-    if metric not in VALID_METRICS:
-        errors.add(("scheduler", "metric"), f"ASHA stops trials on a validation metric reported every epoch "
-                                            f"({', '.join(VALID_METRICS)}); got {metric!r}")
-    if mode not in ("max", "min"):
-        errors.add(("scheduler", "mode"), f"must be max or min, got {mode!r}")
-    elif metric in objectives and objectives[metric] != mode:
-        errors.add(("scheduler", "mode"), f"{mode} contradicts objectives.{metric}: {objectives[metric]}")
-    grace = typed(raw, "scheduler", "grace_period", int, errors, 1)
-    factor = typed(raw, "scheduler", "reduction_factor", (int, float), errors, 2)
-    if grace < 1:
-        errors.add(("scheduler", "grace_period"), f"must be >= 1 epoch, got {grace}")
-    elif grace > budget["max_epochs"]:
-        errors.add(("scheduler", "grace_period"), f"{grace} exceeds budget.max_epochs={budget['max_epochs']}: "
-                                                  "ASHA would never compare trials")
-    if factor <= 1:
-        errors.add(("scheduler", "reduction_factor"), f"must be > 1, got {factor}")
-    return {"type": "asha", "metric": metric, "mode": mode, "grace_period": grace, "reduction_factor": factor}
-
-
-def _machine_resources() -> tuple[float, float]:
-    import os
-
-    import torch
-
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return float(cpus), float(torch.cuda.device_count() if torch.cuda.is_available() else 0)
-
-
-def _resolve_resources(data: dict, errors: ConfigErrors, check_machine: bool) -> dict[str, Any]:
-    raw = read_section(data, "resources", errors)
-    check_keys(raw, "resources", ("cpu", "gpu", "workers_per_trial", "max_concurrent"), errors)
-    cpu = typed(raw, "resources", "cpu", (int, float), errors, 1)
-    gpu = typed(raw, "resources", "gpu", (int, float), errors, 0)
-    workers = typed(raw, "resources", "workers_per_trial", int, errors, 1)
-    concurrent = raw.get("max_concurrent", "auto")
-    if concurrent != "auto":
-        concurrent = typed(raw, "resources", "max_concurrent", int, errors, "auto")
-        if concurrent != "auto" and concurrent < 1:
-            errors.add(("resources", "max_concurrent"), f"must be >= 1 or auto, got {concurrent}")
-    if cpu <= 0:
-        errors.add(("resources", "cpu"), f"must be > 0, got {cpu}")
-    if gpu < 0:
-        errors.add(("resources", "gpu"), f"must be >= 0, got {gpu}")
-    elif gpu > 1 and not float(gpu).is_integer():
-        errors.add(("resources", "gpu"), f"fractions are for sharing one GPU (gpu < 1); got {gpu}")
-    if workers < 1:
-        errors.add(("resources", "workers_per_trial"), f"must be >= 1, got {workers}")
-    if check_machine and cpu > 0 and workers >= 1:
-        machine_cpus, machine_gpus = _machine_resources()
-        if cpu * workers > machine_cpus:
-            errors.add(("resources", "cpu"), f"a trial needs {cpu * workers:g} CPUs but this machine has "
-                                             f"{machine_cpus:g}; no trial could ever start")
-        if gpu > 0 and machine_gpus == 0:
-            errors.add(("resources", "gpu"), f"{gpu} GPU per trial requested but this machine has no CUDA GPU")
-        elif gpu * workers > machine_gpus:
-            errors.add(("resources", "gpu"), f"a trial needs {gpu * workers:g} GPUs, this machine has {machine_gpus:g}")
-    return {"cpu": cpu, "gpu": gpu, "workers_per_trial": workers, "max_concurrent": concurrent}
 
 
 def _points(study: Study) -> tuple[list[dict[str, Any]], bool]:
@@ -618,7 +403,7 @@ def _check_combinations(study: Study, errors: ConfigErrors) -> None:
             for key, message in error.errors:
                 failures.setdefault((_home(study, key), message), []).append(point)
             continue
-        if study.resources["workers_per_trial"] > 1 and train_cfg.objective == "last":
+        if study.resources.workers_per_trial > 1 and train_cfg.objective == "last":
             errors.add(("protocol", "objective"), "objective last expands each user into a varying number of "
                                                   "prefix batches, which data-parallel workers cannot keep in step; "
                                                   "use workers_per_trial: 1")
@@ -665,17 +450,29 @@ def _check_study_settings(study: Study, errors: ConfigErrors) -> None:
         if metric in MEASURED_OBJECTIVES and not coerce("measure_efficiency", measure, bool):
             errors.add(("objectives", metric), "needs measure_efficiency: true (fixed.measure_efficiency is false)")
     threads = settings.get("num_threads")
-    cpu = study.resources["cpu"]
+    cpu = study.resources.cpu
     if threads and int(threads) > max(1, math.floor(cpu)):
         errors.add(("fixed", "num_threads"), f"{threads} threads on resources.cpu={cpu:g} oversubscribes the CPU "
                                              "share of each trial; leave num_threads unset (= the CPU share)")
     device = str(settings.get("device", "auto"))
-    if study.resources["gpu"] > 0 and device == "cpu":
+    if study.resources.gpu > 0 and device == "cpu":
         errors.add(("fixed", "device"), "device cpu with resources.gpu > 0 reserves a GPU that no trial uses")
-    if study.resources["gpu"] == 0 and device.startswith("cuda"):
+    if study.resources.gpu == 0 and device.startswith("cuda"):
         errors.add(("fixed", "device"), f"device {device} needs resources.gpu > 0: Ray hides GPUs from trials "
                                         "that reserve none")
-    time_budget = settings.get("time_budget_s", 0) or 0
-    if study.budget["time_budget_s"] and float(time_budget) > study.budget["time_budget_s"]:
-        errors.add(("fixed", "time_budget_s"), f"a trial's time budget ({time_budget}s) exceeds the whole study's "
-                                               f"budget.time_budget_s={study.budget['time_budget_s']}")
+
+
+def _sampler_kind(sampler: str, kinds: set[str]) -> str:
+    """The sampler ``auto`` stands for: the grid sampler for a grid, TPE otherwise."""
+    if sampler != "auto":
+        return sampler
+    return "grid" if kinds == {"grid"} else "tpe"
+
+
+def _fit_trial_time_budget(fixed: dict[str, Any], budget: Budget, notes: list[str]) -> None:
+    """A trial's own time budget (``fixed.time_budget_s``) longer than the whole study's is cut to the study's."""
+    trial_budget = fixed.get("time_budget_s") or 0
+    if budget.time_budget_s and float(trial_budget) > budget.time_budget_s:
+        notes.append(f"fixed.time_budget_s {float(trial_budget):g} -> {budget.time_budget_s:g}, the whole study's "
+                     "budget.time_budget_s")
+        fixed["time_budget_s"] = budget.time_budget_s

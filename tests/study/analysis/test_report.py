@@ -45,7 +45,7 @@ def studies(tmp_path_factory: pytest.TempPathFactory, shared_datasets: Path) -> 
     import ray
 
     from study import sweep
-    from study.search.runner import WORKER_ENV
+    from study.cluster import WORKER_ENV
 
     root = tmp_path_factory.mktemp("analysis")
     folders = {}

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from study.search.recorder import atomic_write, atomic_write_text, stop_reason
-from study.search.runner import as_windows, keep_trainable, tune_key
+from study.search.trial import as_windows, keep_trainable, tune_key
 
 
 def test_atomic_write_replaces_whole_files_and_leaves_nothing_on_failure(tmp_path: Path) -> None:

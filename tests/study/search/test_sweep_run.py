@@ -140,7 +140,7 @@ def test_two_trial_multi_objective_sweep_with_a_failing_trial(tmp_path: Path, da
     trials = pd.read_parquet(out / "trials.parquet").set_index("config.lr")
     assert sorted(trials["status"]) == ["failed", "ok"]
     failed, ok = trials.loc[1e8], trials.loc[0.001]
-    assert failed["error"].startswith("FloatingPointError: non-finite training loss"), failed["error"]
+    assert failed["error"].startswith("NonFiniteLoss: non-finite training loss"), failed["error"]
     assert failed["stop_reason"] == "error"
     assert ok["stop_reason"] == "max_epochs" and ok["epochs_run"] == 2 and ok["error"] == ""
     for column in ("valid_ndcg@10", "test_ndcg@10", "valid_hr@10", "test_mrr@20", "pop_ndcg@10", "params",
@@ -179,7 +179,8 @@ def test_ray_data_batches_cover_every_trainable_window_once_per_epoch(data_cache
     import numpy as np
 
     from study.data import prepare
-    from study.search.runner import _training_dataset, _training_table, crop_trial_data, ray_data_batches
+    from study.search.runner import _training_dataset, _training_table
+    from study.search.trial import crop_trial_data, ray_data_batches
     from study.train.trainer import TrialData, user_batches
 
     path = prepare("lastfm", source=LASTFM, max_len=30, progress=False)
@@ -200,3 +201,38 @@ def test_ray_data_batches_cover_every_trainable_window_once_per_epoch(data_cache
         assert np.array_equal(getattr(cropped.valid, name), getattr(direct.valid, name)), name
         assert np.array_equal(getattr(cropped.test, name), getattr(direct.test, name)), name
     assert np.array_equal(cropped.train, direct.train) and cropped.train.flags.writeable
+
+
+def test_a_one_epoch_quick_run_turns_asha_off_and_runs(tmp_path: Path, data_cache: Path, ray_session,
+                                                       write_tiny_sweep) -> None:
+    from study.search.runner import run_study
+    from study.spec.sweep import load_study
+
+    out = tmp_path / "out"
+    path = write_tiny_sweep(tmp_path / "study.yaml", name="quick", storage=out, samples=2)
+    study = load_study(path, ["sampler=tpe", "scheduler={type: asha, grace_period: 3}", "budget.max_epochs=1"])
+    assert study.scheduler is None and study.searcher.n_startup_trials == 2
+    run_study(study, quiet=True)
+
+    trials = pd.read_parquet(out / "trials.parquet")
+    assert len(trials) == 2 and (trials["status"] == "ok").all() and (trials["epochs_run"] == 1).all()
+    text = (out / "study.yaml").read_text()
+    assert "# adapted: ASHA off: budget.max_epochs=1 leaves no epoch at which to stop a trial\n" in text
+    resolved = yaml.safe_load(text)
+    assert resolved["scheduler"] is None and resolved["budget"]["max_epochs"] == 1
+    assert resolved["searcher"] == {"n_startup_trials": 2, "multivariate": True, "n_ei_candidates": 24}
+
+
+def test_a_data_parallel_trial_runs_on_two_workers(tmp_path: Path, data_cache: Path, ray_session,
+                                                   write_tiny_sweep) -> None:
+    from study.search.recorder import read_records
+    from study.search.runner import run_study
+    from study.spec.sweep import load_study
+
+    out = tmp_path / "out"
+    path = write_tiny_sweep(tmp_path / "study.yaml", name="two-workers", storage=out, samples=1)
+    run_study(load_study(path, ["resources.workers_per_trial=2"]), quiet=True)
+
+    (record,) = read_records(out / "trials").values()
+    assert record["status"] == "ok" and record["last_report"]["workers"] == 2, record["error"]
+    assert [row["epoch"] for row in record["history"]] == [1]

@@ -1,0 +1,210 @@
+"""The driver's search: Optuna's sampler inside Tune's ``OptunaSearch``, the grid, fixed points, and ASHA.
+
+Optuna (TPE, multi-objective TPE/NSGA-II, random or grid) suggests each trial's searched keys; the study lives in
+SQLite (``optuna.db``) so optuna-dashboard can open it and ``--resume`` continues it. The sampler's settings
+(TPE's random start-up trials, NSGA-II's generation size) are resolved with the study
+(:class:`study.spec.fields.Searcher`), so the resolved ``study.yaml`` records exactly what the sampler got.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from pathlib import Path
+from typing import Any
+
+from optuna.trial import TrialState
+from ray.tune.search.optuna import OptunaSearch
+
+from study.search.trial import tune_key
+from study.spec.sweep import Study
+
+
+class StudySearch(OptunaSearch):
+    """OptunaSearch that labels Optuna trials with their Tune trial id and tells every outcome explicitly.
+
+    Ray's version tells a trial that failed after reporting as COMPLETE with its last values; here a failed
+    trial is always FAIL, a trial with a non-finite objective FAIL, and one that reported nothing (stopped
+    before its first epoch) PRUNED.
+
+    Its pickled forms (Tune's ``tuner.pkl`` and searcher checkpoints) hold the Optuna database's URL, not a live
+    connection, so that a study resumes wherever its folder is now (moved, pulled from a URI onto another
+    machine, a new working copy on a Ray Client head node): :meth:`relocate` points it at this session's database.
+    """
+
+    def __init__(self, *args: Any, storage_url: str, **kwargs: Any):
+        import optuna
+
+        super().__init__(*args, storage=optuna.storages.RDBStorage(storage_url), **kwargs)
+        self._storage_url = storage_url
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        # Optuna's storage reconnects when unpickled, to a path that may no longer exist: keep ids, not objects
+        state.update(_storage=None, _ot_study=None,
+                     _ot_trials={tid: trial._trial_id for tid, trial in self._ot_trials.items()})
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        database = Path(self._storage_url.removeprefix("sqlite:///"))
+        if database.is_file():  # where it was: usable at once (a resume in place, or a copy of the searcher)
+            self.relocate(self._storage_url)
+
+    def save(self, checkpoint_path: str) -> None:
+        import pickle
+
+        with open(checkpoint_path, "wb") as out:
+            pickle.dump(self.__getstate__(), out)
+
+    def restore(self, checkpoint_path: str) -> None:
+        import pickle
+
+        here = self._storage_url  # set by relocate() before Tune restores the saved state
+        with open(checkpoint_path, "rb") as saved:
+            self.__dict__.update(pickle.load(saved))
+        self.relocate(here)
+
+    def relocate(self, storage_url: str) -> None:
+        """Use the Optuna database at ``storage_url`` (the study's and its trials' ids are kept in the file)."""
+        import optuna
+
+        storage = optuna.storages.RDBStorage(storage_url)
+        study = optuna.load_study(study_name=self._study_name, storage=storage, sampler=self._sampler,
+                                  pruner=optuna.pruners.NopPruner())
+        trials = {tid: getattr(trial, "_trial_id", trial) for tid, trial in self._ot_trials.items()}
+        self._storage_url, self._storage, self._ot_study = storage_url, storage, study
+        self._ot_trials = {tid: optuna.trial.Trial(study, trial_id) for tid, trial_id in trials.items()}
+
+    def suggest(self, trial_id: str) -> dict | None:
+        params = super().suggest(trial_id)
+        if trial_id in self._ot_trials:
+            self._ot_trials[trial_id].set_user_attr("tune_trial_id", trial_id)
+        return params
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        if result.get("replayed") or self._finished_in_storage(trial_id):
+            return
+        with warnings.catch_warnings():
+            # a trial rerun after an interruption reports its epochs again; Optuna keeps the first values
+            warnings.filterwarnings("ignore", message=".*is already reported")
+            super().on_trial_result(trial_id, result)
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        if trial_id in self._completed_trials or trial_id not in self._ot_trials:
+            return
+        if self._finished_in_storage(trial_id):  # told before an interruption; its record is replayed now
+            self._completed_trials.add(trial_id)
+            return
+        ot_trial = self._ot_trials[trial_id]
+        metrics = self._metric if isinstance(self._metric, list) else [self._metric]
+        values = [result.get(m) for m in metrics] if result and not error else None
+        if values is not None and not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+            state, values = TrialState.FAIL, None
+        elif error:
+            state = TrialState.FAIL
+        elif values is None:
+            state = TrialState.PRUNED
+        else:
+            state = TrialState.COMPLETE
+        if values is not None and not isinstance(self._metric, list):
+            values = values[0]
+        try:
+            self._ot_study.tell(ot_trial, values, state=state)
+        except RuntimeError as exc:
+            # the grid sampler calls study.stop() after the last point, which only works inside optimize()
+            if "Study.stop" not in str(exc):
+                raise
+        self._completed_trials.add(trial_id)
+
+    def _finished_in_storage(self, trial_id: str) -> bool:
+        ot_trial = self._ot_trials.get(trial_id)
+        if ot_trial is None:
+            return False
+        return self._ot_study._storage.get_trial(ot_trial._trial_id).state.is_finished()
+
+
+def make_sampler(study: Study) -> Any:
+    """The Optuna sampler ``study.searcher`` describes, seeded by ``seeds.sampler``."""
+    import optuna
+
+    searcher, seed = study.searcher, study.seeds["sampler"]
+    if searcher.sampler == "grid":
+        return optuna.samplers.GridSampler({n: p.values for n, p in study.search.items()}, seed=seed)
+    if searcher.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if searcher.sampler == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=searcher.population_size)
+    # TPE (multi-objective when several objectives); the random start-up covers every choice value
+    return optuna.samplers.TPESampler(seed=seed, multivariate=searcher.multivariate,
+                                      n_startup_trials=searcher.n_startup_trials,
+                                      n_ei_candidates=searcher.n_ei_candidates)
+
+
+def make_searcher(study: Study, storage_url: str) -> Any:
+    """Optuna over the study's search space, persisted in SQLite; the sampler follows ``study.searcher``."""
+    import optuna
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    space = {}
+    for name, param in study.search.items():
+        if param.kind in ("choice", "grid"):
+            space[name] = CategoricalDistribution(param.values)
+        elif param.kind == "int":
+            space[name] = IntDistribution(param.low, param.high, step=param.step or 1, log=param.log)
+        else:
+            space[name] = FloatDistribution(param.low, param.high, step=param.step, log=param.kind == "loguniform")
+    sampler = make_sampler(study)
+    metrics = [tune_key(m) for m in study.objectives]
+    modes = list(study.objectives.values())
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if len(metrics) == 1:
+        return StudySearch(space=space, metric=metrics[0], mode=modes[0], sampler=sampler, storage_url=storage_url,
+                           study_name=study.name)
+    return StudySearch(space=space, metric=metrics, mode=modes, sampler=sampler, storage_url=storage_url,
+                       study_name=study.name)
+
+
+def make_scheduler(study: Study) -> Any:
+    """ASHA on the study's validation metric over ``budget.max_epochs`` epochs, or FIFO when the study has none."""
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+    scheduler = study.scheduler
+    if scheduler is None:
+        return FIFOScheduler()
+    return ASHAScheduler(time_attr="epoch", metric=tune_key(scheduler.metric), mode=scheduler.mode,
+                         max_t=study.budget.max_epochs, grace_period=scheduler.grace_period,
+                         reduction_factor=scheduler.reduction_factor)
+
+
+def close_orphans(storage_url: str, study_name: str) -> dict[str, int]:
+    """Mark Optuna trials left RUNNING by an interrupted session as FAIL; map Tune trial ids to Optuna numbers."""
+    import optuna
+
+    study = optuna.load_study(study_name=study_name, storage=storage_url)
+    numbers = {}
+    for trial in study.get_trials(deepcopy=False):
+        if trial.state == TrialState.RUNNING:
+            study._storage.set_trial_user_attr(trial._trial_id, "note", "orphaned by an interrupted session")
+            study.tell(trial.number, state=TrialState.FAIL)
+        tune_id = trial.user_attrs.get("tune_trial_id")
+        if tune_id:
+            numbers[tune_id] = trial.number
+    return numbers
+
+
+
+def points_space(points: list[dict[str, Any]]) -> dict[str, Any]:
+    """A param_space holding every value the fixed points use: Tune only presets keys its space declares.
+
+    Every point must set every key, or Tune would draw the missing one from this space at random.
+    """
+    from ray import tune
+
+    keys = set(points[0]) if points else set()
+    if any(set(p) != keys for p in points):
+        raise ValueError("every fixed point must set the same keys")
+    return {key: tune.choice(list({json.dumps(p[key], sort_keys=True): p[key] for p in points}.values()))
+            for key in sorted(keys)}
+

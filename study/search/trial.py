@@ -1,0 +1,264 @@
+"""What each Tune trial runs: one configuration, trained by :func:`study.train.trainer.run_trial`, reported each epoch.
+
+A trial measures its efficiency figures once, before its first epoch (they depend on the configuration, not on the
+trained weights), then iterates its batches from the Ray Dataset the driver shares, and reports every epoch: the
+epoch's validation metrics, the best-validation ones so far, the test metrics of that best epoch, and the
+efficiency figures (:class:`EpochReporter`). ASHA therefore prunes on validation every epoch, and a trial it stops
+early still carries every objective to Optuna. :func:`tune_key` names the reported figure each objective reads.
+
+:func:`sweep_trial` is the trainable of a one-process trial; a data-parallel trial
+(``resources.workers_per_trial > 1``) runs :func:`study.search.data_parallel.data_parallel_trial`, built from the
+same pieces.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+import models
+from study.cluster import node_identity
+from study.search.recorder import STATUS_OK
+from study.train.results import json_safe
+from study.train.trainer import TrialData
+
+
+def tune_key(objective: str) -> str:
+    """The reported metric an objective reads: validation at the best epoch, efficiency as measured."""
+    if objective.startswith("valid_"):
+        return "best_" + objective
+    if objective == "epoch_time_s":
+        return "median_epoch_time_s"  # the per-epoch `epoch_time_s` stays in history
+    return objective
+
+
+@dataclass
+class TrialPlan:
+    """What every trial shares, besides the data: the model, the settings that are not searched, the threads."""
+
+    model: str
+    base_settings: dict[str, Any]
+    threads: int
+    measure_efficiency: bool
+    records_dir: str
+    shuffle_rows: int
+    # Trials recorded by an earlier session, {trial_id: record}: read by the driver, because a trial may run on a
+    # node that cannot see the driver's records folder.
+    recorded: dict[str, dict[str, Any]] | None = None
+    workers: int = 1
+    cpu: float = 1.0
+    gpu: float = 0.0
+
+
+def crop_trial_data(base: TrialData, max_len: int) -> TrialData:
+    """Cut the shared windows (prepared for the longest max_len) to this trial's; copies, so arrays are writable."""
+    def crop(split: Any) -> Any:
+        return type(split)(inputs=np.array(split.inputs[:, -max_len:]), targets=split.targets,
+                           history_items=split.history_items, history_starts=split.history_starts,
+                           history_lengths=split.history_lengths)
+
+    return TrialData(meta=base.meta, train=np.array(base.train[:, -(max_len + 1):]), valid=crop(base.valid),
+                     test=crop(base.test), item_popularity=base.item_popularity)
+
+
+def as_windows(column: Any) -> np.ndarray:
+    """A batch's ``train`` column as a 2-D int array.
+
+    Ray 2.60 hands a fixed_size_list<int32> column to numpy as a 1-D object array of 1-D arrays (a tensor
+    column, e.g. after ``map_batches``, comes back 2-D already), so stack when needed.
+    """
+    array = np.asarray(column)
+    if array.dtype == object:
+        array = np.stack(list(array))
+    return array
+
+
+def keep_trainable(batch: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Drop user windows with no (input, target) pair, as the in-memory shuffle does.
+
+    Windows are left-padded, so "some input and a target" is columns -2 and -1 being real items, whatever
+    max_len a trial later crops to.
+    """
+    windows = as_windows(batch["train"])
+    return {"train": windows[(windows[:, -2] > 0) & (windows[:, -1] > 0)]}
+
+
+def ray_data_batches(iterable: Any, batch_size: int, seed: int, max_len: int,
+                     shuffle_rows: int) -> Callable[[int], Iterable[np.ndarray]]:
+    """``train_batches(epoch)`` for run_trial: shuffled user windows from a Ray Dataset or a shard iterator.
+
+    The local shuffle buffer holds the whole (small) training set, so each epoch is a full shuffle seeded by the
+    trial seed and the epoch, done in the trial's process: no Ray tasks, so nothing competes for the CPUs trials
+    hold.
+    """
+    def epoch_batches(epoch: int) -> Iterable[np.ndarray]:
+        for batch in iterable.iter_batches(batch_size=batch_size, batch_format="numpy", prefetch_batches=1,
+                                           local_shuffle_buffer_size=max(shuffle_rows, batch_size),
+                                           local_shuffle_seed=seed * 1_000_003 + epoch):
+            yield as_windows(batch["train"])[:, -(max_len + 1):]
+
+    return epoch_batches
+
+
+def preflight(model_name: str, settings: dict[str, Any], data: TrialData, measure: bool) -> dict[str, Any]:
+    """Figures known before training: parameters, peak memory, inference latency, the popularity baseline.
+
+    Measured on the freshly built model: memory and latency depend on the configuration, not on the weights.
+    """
+    import torch
+
+    from study.train import efficiency
+    from study.train.config import split_settings
+    from study.train.metrics import popularity_metrics, sample_negatives
+    from study.train.objectives import resolve_objective
+    from study.train.results import kernel_path
+    from study.train.trainer import efficiency_figures, resolve_device, seed_everything
+
+    train_cfg, hparams = split_settings(model_name, settings)
+    hparams = {**hparams, "num_items": data.num_items,
+               "max_len": hparams.get("max_len", models.model_class(model_name).config_class.max_len)}
+    device = resolve_device(train_cfg.device)
+    seed_everything(train_cfg.seed)
+    model = models.build(model_name, **hparams).to(device)
+    objective = resolve_objective(model, train_cfg.objective)
+    figures: dict[str, Any] = {"params": efficiency.count_parameters(model), "objective": objective,
+                               "device": str(device), "kernel_path": kernel_path(device)}
+    if measure:
+        figures.update(efficiency_figures(model_name, hparams, train_cfg, data, model, device))
+    negatives = None
+    if train_cfg.eval_mode == "sampled":  # the same test negatives run_trial draws (seed + 1 for the test split)
+        popularity = data.item_popularity if train_cfg.negative_sampler == "popularity" else None
+        negatives = sample_negatives(data.test, data.num_items, train_cfg.num_negatives, popularity,
+                                     seed=train_cfg.seed + 1)
+    figures["pop_ndcg@10"] = popularity_metrics(data.test, data.item_popularity, negatives=negatives)["ndcg@10"]
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return figures
+
+
+class EpochReporter:
+    """Turns each :class:`~study.train.trainer.EpochReport` into one flat Tune report (history + objectives)."""
+
+    def __init__(self, figures: dict[str, Any], batch_size: int, started: float,
+                 report: Callable[[dict[str, Any]], None]):
+        self.figures, self.batch_size, self.started, self.report = figures, batch_size, started, report
+        self.epoch_times: list[float] = []
+        self.throughputs: list[float] = []
+        self.node = node_identity()
+
+    def __call__(self, epoch_report: Any) -> None:
+        from study.train.results import kernel_path
+
+        self.epoch_times.append(epoch_report.epoch_time_s)
+        if math.isfinite(epoch_report.throughput):
+            self.throughputs.append(epoch_report.throughput)
+        throughput = statistics.median(self.throughputs) if self.throughputs else float("nan")
+        metrics = {
+            **epoch_report.flat(),
+            **self.figures,
+            "kernel_path": kernel_path(_device(self.figures)),  # known only once the model has run
+            "median_epoch_time_s": statistics.median(self.epoch_times),
+            "train_throughput": throughput,
+            # one optimizer step = batch_size sequences (the last batch of an epoch may be smaller)
+            "step_time_ms": 1000.0 * self.batch_size / throughput if throughput > 0 else float("nan"),
+            "extra_json": json.dumps(json_safe(epoch_report.extra)),
+            "trial_started_at": self.started,
+            "process_started_at": _process_started_at(),
+            "trial_compute_s": time.time() - self.started,
+            "pid": os.getpid(),
+            # where the trial ran (Tune's own `node_ip` is bookkeeping, dropped from records)
+            "trial_node_id": self.node["node_id"],
+            "trial_node_ip": self.node["node_ip"],
+        }
+        self.report(metrics)
+
+
+def _process_started_at() -> float | None:
+    """When this (actor) process was created: splits a trial's cold start into scheduling and imports."""
+    try:
+        import psutil
+
+        return psutil.Process().create_time()
+    except Exception:  # psutil comes with ray[default]; without it the benchmark just shows less detail
+        return None
+
+
+def _device(figures: dict[str, Any]) -> Any:
+    import torch
+
+    return torch.device(figures.get("device", "cpu"))
+
+
+def trial_settings(plan: TrialPlan, config: dict[str, Any]) -> dict[str, Any]:
+    settings = {**plan.base_settings, **config}
+    settings.setdefault("num_threads", plan.threads)
+    # Efficiency is measured once before the first epoch (see preflight), not again at the end.
+    settings["measure_efficiency"] = False
+    return settings
+
+
+class TrialFailed(RuntimeError):
+    """A trial that failed before (its record says so); raised again on resume so it stays failed."""
+
+
+def replay_recorded(plan: TrialPlan) -> bool:
+    """Replay a trial the driver recorded before a crash that Tune's own state missed; True when replayed.
+
+    Retraining it would waste its compute and could give another result than the one already in its record.
+    """
+    from ray import tune
+
+    record = (plan.recorded or {}).get(tune.get_context().get_trial_id())
+    if record is None:
+        return False
+    if record["status"] != STATUS_OK:
+        raise TrialFailed(record.get("error") or "failed before the study was interrupted")
+    tune.report({**record["last_report"], "replayed": True})
+    return True
+
+
+def sweep_trial(config: dict[str, Any], *, plan: TrialPlan, data: TrialData, train_ds: Any) -> None:
+    """The Tune function trainable of a one-process trial: one configuration, reported every epoch."""
+    from ray import tune
+
+    started = time.time()
+    if replay_recorded(plan):
+        return
+
+    import torch
+
+    from study.train.config import split_settings
+    from study.train.trainer import run_trial
+
+    quiet_ray_data()
+    settings = trial_settings(plan, config)
+    train_cfg, hparams = split_settings(plan.model, settings)
+    torch.set_num_threads(train_cfg.num_threads)
+    max_len = hparams.get("max_len", models.model_class(plan.model).config_class.max_len)
+    trial_data = crop_trial_data(data, max_len)
+    figures = preflight(plan.model, settings, trial_data, plan.measure_efficiency)
+    reporter = EpochReporter(figures, train_cfg.batch_size, started, tune.report)
+    batches = ray_data_batches(train_ds, train_cfg.batch_size, train_cfg.seed, max_len, plan.shuffle_rows)
+    run_trial(plan.model, trial_data, settings, callback=reporter, train_batches=batches)
+
+
+def quiet_ray_data() -> None:
+    """Ray Data narrates every execution (one per epoch per trial); the sweep's own reports say enough."""
+    import ray.data
+
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False
+    context.print_on_execution_start = False
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)  # "progress bars disabled", as asked
+
