@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -215,7 +214,7 @@ def load_scaling_study(path: str | Path, assignments: list[str] | None = None, *
 def resolve(data: dict[str, Any], *, source: Path | None = None, lines: dict[tuple, int] | None = None,
             overridden: set[tuple] | None = None, check_machine: bool = True) -> ScalingStudy:
     """Check every section and every cell against its model's constraints; all errors at once."""
-    from study.spec.sweep import resolve_dataset
+    from study.spec.fields import read_resources, resolve_dataset
 
     errors = ConfigErrors(source, lines or {}, overridden or set())
     for key in data:
@@ -257,7 +256,8 @@ def resolve(data: dict[str, Any], *, source: Path | None = None, lines: dict[tup
         errors.add(("reference",), f"{reference!r} is not a model label; labels: {', '.join(labels)}")
 
     claims = _resolve_claims(data, errors, labels, modes, batch_sizes)
-    resources = _resolve_resources(data, errors, check_machine)
+    resources = read_resources(data, errors, check_machine=check_machine, unit="cell", gpu_auto=True,
+                               data_parallel=False).to_dict()
     stop = data.get("stop_after_failure", True)
     if not isinstance(stop, bool):
         errors.add(("stop_after_failure",), f"expected true or false, got {stop!r}")
@@ -470,28 +470,3 @@ def _resolve_claims(data: dict, errors: ConfigErrors, labels: list[str], modes: 
                             reference=item["reference"], mode=item["mode"], metric=item["metric"], length=length,
                             batch_size=batch, **{bounds[0]: bound}))
     return claims
-
-
-def _resolve_resources(data: dict, errors: ConfigErrors, check_machine: bool) -> dict[str, Any]:
-    raw = read_section(data, "resources", errors)
-    check_keys(raw, "resources", ("cpu", "gpu", "max_concurrent"), errors)
-    cpu = _number(raw.get("cpu", 1), ("resources", "cpu"), errors) or 1.0
-    gpu = raw.get("gpu", "auto")
-    if gpu != "auto":
-        gpu = _number(gpu, ("resources", "gpu"), errors, positive=False)
-        if gpu is not None and gpu < 0:
-            errors.add(("resources", "gpu"), f"must be >= 0 or auto, got {gpu}")
-    concurrent = raw.get("max_concurrent", "auto")
-    if concurrent != "auto":
-        concurrent = _integer(concurrent, ("resources", "max_concurrent"), errors, 1) or "auto"
-    if check_machine:
-        import torch
-
-        usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        if cpu > usable:
-            errors.add(("resources", "cpu"), f"a cell needs {cpu:g} CPUs but this machine has {usable}; no cell "
-                                             "could ever start")
-        if isinstance(gpu, float) and gpu > 0 and not torch.cuda.is_available():
-            errors.add(("resources", "gpu"), f"{gpu:g} GPU per cell requested but this machine has no CUDA GPU "
-                                             "(gpu: auto uses one when there is one)")
-    return {"cpu": cpu, "gpu": gpu, "max_concurrent": concurrent}
