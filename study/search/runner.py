@@ -3,9 +3,10 @@
 Data flow (driver → trials → driver):
 
 1. the dataset is prepared once on the driver (``study.data.prepare``) for the longest ``max_len`` any trial may
-   use; the evaluation arrays (:class:`~study.train.trainer.TrialData`) and the training windows (read by the
-   driver into a materialized Ray Dataset) go to every trial through the object store (``tune.with_parameters``),
-   so a trial on another node never needs the driver's disk nor runs a dataset recipe;
+   use; the trial data (:class:`~study.train.trainer.TrialData`: training windows and evaluation arrays) goes to
+   every trial through the object store once (``tune.with_parameters``), so a trial on another node never needs the
+   driver's disk nor runs a dataset recipe, and a one-process trial shuffles it exactly as ``study.train`` does;
+   data-parallel trials get the training windows as a materialized Ray Dataset, split into one shard per worker;
 2. Optuna suggests each trial's searched keys and ASHA stops weak trials (:mod:`study.search.searcher`);
 3. each trial trains one configuration and reports every epoch (:mod:`study.search.trial`; data-parallel under
    ``resources.workers_per_trial > 1``: :mod:`study.search.data_parallel`);
@@ -34,7 +35,7 @@ from study.errors import UserError
 from study.search.data_parallel import data_parallel_trial
 from study.search.recorder import SweepRecorder, atomic_write_text, build_row, read_records, summary, write_tables
 from study.search.searcher import StudySearch, close_orphans, make_scheduler, make_searcher, points_space
-from study.search.trial import TrialPlan, keep_trainable, quiet_ray_data, sweep_trial, tune_key
+from study.search.trial import TrialPlan, crop_trial_data, keep_trainable, quiet_ray_data, sweep_trial, tune_key
 from study.spec.sweep import Study
 from study.storage import Mirror
 from study.train.results import json_safe
@@ -61,7 +62,7 @@ def _prepare_data(study: Study) -> tuple[Path, TrialData]:
 def _training_table(path: Path) -> Any:
     import pyarrow.parquet as pq
 
-    return pq.read_table(path / "sequences.parquet", columns=["train"])
+    return pq.read_table(path / "sequences.parquet", columns=["user", "train"])
 
 
 def _training_dataset(table: Any) -> Any:
@@ -75,6 +76,41 @@ def _training_dataset(table: Any) -> Any:
 
     quiet_ray_data()
     return ray.data.from_arrow(table).map_batches(keep_trainable, batch_format="numpy").materialize()
+
+
+def announce_cost(study: Study, data: TrialData) -> str:
+    """One line before the first trial: what an epoch of the study's largest configuration will cost.
+
+    "Largest" takes every searched key at its largest candidate (the last one for non-numeric choices); the step is
+    timed here on the driver with the CPU threads one trial gets.
+    """
+    import torch
+
+    import models
+    from study.train.config import split_settings
+    from study.train.step import TrainStep
+    from study.train.trainer import epoch_cost, resolve_device, with_user_count
+
+    point = {}
+    for key, param in study.search.items():
+        candidates = param.candidates()
+        numeric = all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in candidates)
+        point[key] = max(candidates) if numeric else candidates[-1]
+    settings = study.settings(point)
+    train_cfg, hparams = split_settings(study.model, settings)
+    max_len = hparams.get("max_len", models.model_class(study.model).config_class.max_len)
+    trial_data = crop_trial_data(data, max_len)
+    hparams = with_user_count(study.model, {**hparams, "num_items": data.num_items, "max_len": max_len}, data.meta)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, math.floor(study.resources.cpu)))
+    try:
+        step = TrainStep(models.build(study.model, **hparams), train_cfg)
+        cost = epoch_cost(step, trial_data, train_cfg, resolve_device("cpu" if study.resources.gpu == 0 else "auto"))
+    finally:
+        torch.set_num_threads(threads)
+    shown = ", ".join(f"{key}={value}" for key, value in point.items() if key != "lr") or "the fixed settings"
+    return f"largest configuration ({shown}): " + cost.line(study.budget.max_epochs) + \
+        f"; {study.budget.num_samples} trials"
 
 
 def _concurrency(study: Study) -> int:
@@ -185,6 +221,8 @@ def run_study(study: Study, *, resume: bool = False, dashboard: bool = False, ad
                             "choose another name or storage to start a new one")
     _check_resume(study, out, resume)
     path, base_data = _prepare_data(study)  # before Ray: a missing dataset fails fast, with the recipe's advice
+    if not quiet and points is None:
+        print(announce_cost(study, base_data), file=sys.stderr, flush=True)
     if is_client(address):
         if not mirror.uri:
             raise UserError(f"with --address {address} the study is driven from the cluster's head node, which "
@@ -216,14 +254,16 @@ def _drive(study: Study, out: Path, mirror: Mirror, base_data: TrialData, train_
     concurrency = _concurrency(study)  # before anything is scheduled: a request no node can meet would hang
     _write_environment(out)
     mirror.push(force=True)  # the study is claimed in storage before its first trial
-    train_ds = _training_dataset(train_table)
+    workers = study.resources.workers_per_trial
+    # Ray Data shards the windows of data-parallel trials; a one-process trial shuffles the windows it already holds
+    train_ds = _training_dataset(train_table) if workers > 1 else None
     storage_url = f"sqlite:///{out / OPTUNA_FILE}"
     plan = TrialPlan(model=study.model, base_settings=_base_settings(study),
                      threads=max(1, math.floor(study.resources.cpu)),
                      measure_efficiency=bool(study.settings().get("measure_efficiency", True)),
-                     records_dir=str(out / RECORDS_DIR), shuffle_rows=max(1, train_ds.count()),
+                     records_dir=str(out / RECORDS_DIR), shuffle_rows=max(1, train_table.num_rows),
                      recorded=read_records(out / RECORDS_DIR) if resume else None,
-                     workers=study.resources.workers_per_trial, cpu=study.resources.cpu,
+                     workers=workers, cpu=study.resources.cpu,
                      gpu=study.resources.gpu)
     trial_function = data_parallel_trial if plan.workers > 1 else sweep_trial
     trainable = tune.with_parameters(trial_function, plan=plan, data=base_data, train_ds=train_ds)

@@ -1,7 +1,9 @@
 """What each Tune trial runs: one configuration, trained by :func:`study.train.trainer.run_trial`, reported each epoch.
 
 A trial measures its efficiency figures once, before its first epoch (they depend on the configuration, not on the
-trained weights), then iterates its batches from the Ray Dataset the driver shares, and reports every epoch: the
+trained weights), then trains on the windows the driver shared through the object store with the trainer's own
+seeded shuffle, so a one-process trial sees exactly the batches ``python -m study.train`` sees for the same seed
+and gives identical metrics (a data-parallel trial reads Ray Data shards instead), and reports every epoch: the
 epoch's validation metrics, the best-validation ones so far, the test metrics of that best epoch, and the
 efficiency figures (:class:`EpochReporter`). ASHA therefore prunes on validation every epoch, and a trial it stops
 early still carries every objective to Optuna. :func:`tune_key` names the reported figure each objective reads.
@@ -83,18 +85,19 @@ def as_windows(column: Any) -> np.ndarray:
 
 
 def keep_trainable(batch: dict[str, Any]) -> dict[str, np.ndarray]:
-    """Drop user windows with no (input, target) pair, as the in-memory shuffle does.
+    """Drop user windows with no (input, target) pair, as the in-memory shuffle does; keep each window's user.
 
     Windows are left-padded, so "some input and a target" is columns -2 and -1 being real items, whatever
     max_len a trial later crops to.
     """
     windows = as_windows(batch["train"])
-    return {"train": windows[(windows[:, -2] > 0) & (windows[:, -1] > 0)]}
+    keep = (windows[:, -2] > 0) & (windows[:, -1] > 0)
+    return {"user": np.asarray(batch["user"])[keep], "train": windows[keep]}
 
 
 def ray_data_batches(iterable: Any, batch_size: int, seed: int, max_len: int,
-                     shuffle_rows: int) -> Callable[[int], Iterable[np.ndarray]]:
-    """``train_batches(epoch)`` for run_trial: shuffled user windows from a Ray Dataset or a shard iterator.
+                     shuffle_rows: int) -> Callable[[int], Iterable[tuple[np.ndarray, np.ndarray]]]:
+    """``train_batches(epoch)`` for run_trial: shuffled (user windows, user ids) from a Ray Data shard iterator.
 
     The local shuffle buffer holds the whole (small) training set, so each epoch is a full shuffle seeded by the
     trial seed and the epoch, done in the trial's process: no Ray tasks, so nothing competes for the CPUs trials
@@ -104,7 +107,7 @@ def ray_data_batches(iterable: Any, batch_size: int, seed: int, max_len: int,
         for batch in iterable.iter_batches(batch_size=batch_size, batch_format="numpy", prefetch_batches=1,
                                            local_shuffle_buffer_size=max(shuffle_rows, batch_size),
                                            local_shuffle_seed=seed * 1_000_003 + epoch):
-            yield as_windows(batch["train"])[:, -(max_len + 1):]
+            yield as_windows(batch["train"])[:, -(max_len + 1):], np.asarray(batch["user"], dtype=np.int64)
 
     return epoch_batches
 
@@ -121,11 +124,13 @@ def preflight(model_name: str, settings: dict[str, Any], data: TrialData, measur
     from study.train.metrics import popularity_metrics, sample_negatives
     from study.train.objectives import resolve_objective
     from study.train.results import kernel_path
-    from study.train.trainer import efficiency_figures, resolve_device, seed_everything
+    from study.train.trainer import efficiency_figures, resolve_device, seed_everything, with_user_count
 
     train_cfg, hparams = split_settings(model_name, settings)
-    hparams = {**hparams, "num_items": data.num_items,
-               "max_len": hparams.get("max_len", models.model_class(model_name).config_class.max_len)}
+    hparams = with_user_count(model_name, {**hparams, "num_items": data.num_items,
+                                           "max_len": hparams.get("max_len",
+                                                                  models.model_class(model_name).config_class.max_len)},
+                              data.meta)
     device = resolve_device(train_cfg.device)
     seed_everything(train_cfg.seed)
     model = models.build(model_name, **hparams).to(device)
@@ -227,8 +232,12 @@ def replay_recorded(plan: TrialPlan) -> bool:
     return True
 
 
-def sweep_trial(config: dict[str, Any], *, plan: TrialPlan, data: TrialData, train_ds: Any) -> None:
-    """The Tune function trainable of a one-process trial: one configuration, reported every epoch."""
+def sweep_trial(config: dict[str, Any], *, plan: TrialPlan, data: TrialData, train_ds: Any = None) -> None:
+    """The Tune function trainable of a one-process trial: one configuration, reported every epoch.
+
+    It trains with the trainer's in-memory shuffle of ``data.train`` (``train_ds`` is for data-parallel trials only):
+    the same seed gives the same batches, hence the same metrics, as ``python -m study.train``.
+    """
     from ray import tune
 
     started = time.time()
@@ -248,8 +257,7 @@ def sweep_trial(config: dict[str, Any], *, plan: TrialPlan, data: TrialData, tra
     trial_data = crop_trial_data(data, max_len)
     figures = preflight(plan.model, settings, trial_data, plan.measure_efficiency)
     reporter = EpochReporter(figures, train_cfg.batch_size, started, tune.report)
-    batches = ray_data_batches(train_ds, train_cfg.batch_size, train_cfg.seed, max_len, plan.shuffle_rows)
-    run_trial(plan.model, trial_data, settings, callback=reporter, train_batches=batches)
+    run_trial(plan.model, trial_data, settings, callback=reporter)
 
 
 def quiet_ray_data() -> None:

@@ -66,6 +66,7 @@ SAMPLERS = ("auto", "tpe", "nsga2", "random", "grid")
 # Efficiency figures a trial measures once before its first epoch and reports with every epoch (see study.search.trial).
 MEASURED_OBJECTIVES = ("peak_mem_mb", "infer_ms_p50", "infer_ms_p95")  # need measure_efficiency
 MAX_CHECKED_POINTS = 4096  # beyond this many search combinations, check one key at a time
+DATA_SIZED = {"num_items", "num_users"}  # model sizes the trainer takes from the dataset, never set by hand
 MAX_BUILT_MODELS = 32  # models built to check the training objective, after de-duplicating their configs
 
 # Settings that one study may give in two places; a --set of either wins over the file.
@@ -192,7 +193,7 @@ def _key_type(model: str, key: str) -> type:
 
 
 def _known_keys(model: str) -> set[str]:
-    return (set(TRAIN_FIELDS) | set(models.config_fields(model))) - {"num_items"}
+    return (set(TRAIN_FIELDS) | set(models.config_fields(model))) - DATA_SIZED
 
 
 def _resolve_objectives(data: dict, errors: ConfigErrors) -> dict[str, str]:
@@ -382,11 +383,16 @@ def _points(study: Study) -> tuple[list[dict[str, Any]], bool]:
     return points, False
 
 
+def _data_placeholders(model: str) -> dict[str, int]:
+    """Placeholders for the sizes the trainer takes from the dataset: no constraint may depend on them."""
+    return {"num_items": 2, **({"num_users": 2} if models.model_class(model).needs_users else {})}
+
+
 def _check_combinations(study: Study, errors: ConfigErrors) -> None:
     """Run every search point through split_settings + make_config, and check the training objective.
 
     The model declares its own constraints (heads divide hidden size, ELASTIC's K square ...), so this stays
-    generic over the registry. ``num_items`` is a placeholder: no constraint may depend on the dataset.
+    generic over the registry. ``num_items`` (and ``num_users``) are placeholders: the trainer sizes them from the data.
     """
     from study.train.objectives import resolve_objective
 
@@ -398,7 +404,7 @@ def _check_combinations(study: Study, errors: ConfigErrors) -> None:
         settings = study.settings(point)
         try:
             train_cfg, hparams = split_settings(study.model, settings)
-            models.make_config(study.model, num_items=2, **hparams)
+            models.make_config(study.model, **_data_placeholders(study.model), **hparams)
         except ConfigError as error:
             for key, message in error.errors:
                 failures.setdefault((_home(study, key), message), []).append(point)
@@ -411,7 +417,8 @@ def _check_combinations(study: Study, errors: ConfigErrors) -> None:
         if identity not in built and len(built) < MAX_BUILT_MODELS:
             built.add(identity)
             try:
-                resolve_objective(models.build(study.model, num_items=2, **hparams), train_cfg.objective)
+                resolve_objective(models.build(study.model, **_data_placeholders(study.model), **hparams),
+                                  train_cfg.objective)
             except ConfigError as error:
                 for key, message in error.errors:
                     failures.setdefault((_home(study, key), message), []).append(point)
