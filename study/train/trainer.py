@@ -16,7 +16,7 @@ import copy
 import random
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -118,7 +118,7 @@ def user_batches(windows: np.ndarray, batch_size: int, rng: np.random.Generator)
 
 
 def epoch_windows(data: TrialData, users: Iterable[np.ndarray], objective: str, train_cfg: TrainConfig,
-                  rng: np.random.Generator) -> Iterable[np.ndarray]:
+                  rng: np.random.Generator) -> Iterator[np.ndarray]:
     """One epoch's training batches. Other objectives train on the user windows as they come; ``last`` builds
     its prefixes from every user's whole training history, which every trial holds in ``data`` (the validation
     split's histories end right before the validation target), so it never reads ``users``.
@@ -234,7 +234,7 @@ def efficiency_figures(model_name: str, model_hparams: dict, train_cfg: TrainCon
                         model: SeqRecModel, device: torch.device) -> dict:
     windows = user_batches(data.train, train_cfg.batch_size, np.random.default_rng(0))
     settings = {**asdict(train_cfg), "objective": resolve_objective(model, train_cfg.objective)}
-    batch = next(iter(epoch_windows(data, windows, settings["objective"], train_cfg, np.random.default_rng(0))))
+    batch = next(epoch_windows(data, windows, settings["objective"], train_cfg, np.random.default_rng(0)))
     try:
         threads = train_cfg.num_threads or torch.get_num_threads()
         peak_mb, method = efficiency.peak_train_memory_mb(model_name, model_hparams, settings, batch, device,
