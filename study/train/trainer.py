@@ -16,7 +16,7 @@ import copy
 import random
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -135,7 +135,7 @@ def with_user_count(model_name: str, model_hparams: dict, meta: dict) -> dict:
 
 
 def epoch_windows(data: TrialData, users: Iterable[Batch | np.ndarray], objective: str, train_cfg: TrainConfig,
-                  rng: np.random.Generator) -> Iterable[Batch]:
+                  rng: np.random.Generator) -> Iterator[Batch]:
     """One epoch's training batches as ``(windows, user ids or None)``. Other objectives train on the user windows
     as they come (a source without user ids, such as a Ray Data shard, yields bare windows); ``last`` builds its
     prefixes from every user's whole training history, which every trial holds in ``data`` (the validation split's
@@ -299,7 +299,7 @@ def efficiency_figures(model_name: str, model_hparams: dict, train_cfg: TrainCon
                         model: SeqRecModel, device: torch.device) -> dict:
     windows = user_batches(data.train, train_cfg.batch_size, np.random.default_rng(0))
     settings = {**asdict(train_cfg), "objective": resolve_objective(model, train_cfg.objective)}
-    batch, users = next(iter(epoch_windows(data, windows, settings["objective"], train_cfg, np.random.default_rng(0))))
+    batch, users = next(epoch_windows(data, windows, settings["objective"], train_cfg, np.random.default_rng(0)))
     try:
         threads = train_cfg.num_threads or torch.get_num_threads()
         peak_mb, method = efficiency.peak_train_memory_mb(model_name, model_hparams, settings, batch, device,
