@@ -188,12 +188,19 @@ def test_ray_data_batches_cover_every_trainable_window_once_per_epoch(data_cache
     expected = TrialData.from_prepared(path, 12).train
     expected = np.concatenate([windows for windows, _ in user_batches(expected, 10_000, np.random.default_rng(0))])
     batches = ray_data_batches(dataset, 64, seed=3, max_len=12, shuffle_rows=dataset.count())
-    epochs = [np.concatenate(list(batches(epoch))) for epoch in (1, 2)]
+    full = TrialData.from_prepared(path, 12).train
+    epochs = []
+    for epoch in (1, 2):
+        pairs = list(batches(epoch))
+        windows, users = np.concatenate([w for w, _ in pairs]), np.concatenate([u for _, u in pairs])
+        assert np.array_equal(windows, full[users])  # every window travels with its user id
+        epochs.append(windows)
     for windows in epochs:
         assert windows.shape == expected.shape and windows.dtype.kind == "i"
         assert sorted(map(bytes, windows)) == sorted(map(bytes, expected.astype(windows.dtype)))
     assert not np.array_equal(epochs[0], epochs[1])  # reshuffled each epoch
-    again = np.concatenate(list(ray_data_batches(dataset, 64, seed=3, max_len=12, shuffle_rows=dataset.count())(1)))
+    again = np.concatenate([w for w, _ in ray_data_batches(dataset, 64, seed=3, max_len=12,
+                                                           shuffle_rows=dataset.count())(1)])
     assert np.array_equal(again, epochs[0])  # and reproducible from the seed
     # the shared evaluation arrays, cropped in the trial, equal a dataset loaded for that max_len directly
     cropped, direct = crop_trial_data(TrialData.from_prepared(path, 30), 12), TrialData.from_prepared(path, 12)
@@ -236,3 +243,27 @@ def test_a_data_parallel_trial_runs_on_two_workers(tmp_path: Path, data_cache: P
     (record,) = read_records(out / "trials").values()
     assert record["status"] == "ok" and record["last_report"]["workers"] == 2, record["error"]
     assert [row["epoch"] for row in record["history"]] == [1]
+
+
+def test_a_sweep_trial_gives_the_metrics_of_study_train_for_the_same_seed(tmp_path: Path, data_cache: Path,
+                                                                          ray_session, write_tiny_sweep) -> None:
+    """Replicates and reports rely on it: a one-process trial sees exactly study.train's batches."""
+    from study.data import prepare
+    from study.search.runner import run_study
+    from study.spec.sweep import load_study
+    from study.train.trainer import TrialData, run_trial
+
+    out = tmp_path / "out"
+    path = write_tiny_sweep(tmp_path / "study.yaml", name="same-batches", storage=out, samples=1)
+    run_study(load_study(path, ["budget.max_epochs=2", "scheduler=none", "seeds.train=5"]), quiet=True)
+    (trial,) = pd.read_parquet(out / "trials.parquet").to_dict("records")
+    assert trial["status"] == "ok" and trial["config.num_threads"] == 1
+
+    settings = {"max_len": 20, "batch_size": 256, "hidden_size": 16, "num_layers": 1, "num_heads": 1,
+                "inner_size": 32, "measure_efficiency": False, "lr": trial["config.lr"], "max_epochs": 2, "seed": 5,
+                "num_threads": 1}
+    alone = run_trial("sasrec", TrialData.from_prepared(prepare("lastfm", source=LASTFM, max_len=20,
+                                                                progress=False), 20), settings)
+    metrics = [key for key in alone if key.startswith(("valid_", "test_"))]
+    assert len(metrics) == 18
+    assert {key: trial[key] for key in metrics} == {key: alone[key] for key in metrics}
