@@ -87,3 +87,10 @@ def assert_close_rel(actual: torch.Tensor, expected: torch.Tensor, tol: float, w
     assert torch.isfinite(actual).all(), f"{what}: non-finite values"
     err = max_rel_err(actual, expected)
     assert err <= tol, f"{what}: max rel err {err:.2e} > {tol:.1e}"
+
+
+def output_grads(out: torch.Tensor, inputs: tuple[torch.Tensor, ...], seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """Gradients of ``inputs`` for a seeded random output gradient: compares backward passes of two implementations."""
+    generator = torch.Generator().manual_seed(seed)
+    upstream = torch.randn(out.shape, generator=generator).to(out.dtype)
+    return torch.autograd.grad(out, inputs, upstream, retain_graph=True)

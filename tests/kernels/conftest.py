@@ -10,9 +10,32 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 
 # If triton was already imported by an earlier test folder, flipping the variable has no effect; the kernels then
 # refuse CPU tensors with a RuntimeError that names TRITON_INTERPRET (kernels._triton_utils.ensure_launchable).
 if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
+
+
+def skip_without_triton() -> None:
+    pytest.importorskip("triton", reason="triton is not installed: only the reference path is tested")
+    import kernels
+
+    if not (torch.cuda.is_available() or kernels.interpreter_enabled()):
+        pytest.skip("Triton kernels need CUDA or TRITON_INTERPRET=1")
+
+
+@pytest.fixture
+def triton_backend() -> str:
+    skip_without_triton()
+    return "triton"
+
+
+@pytest.fixture(params=["reference", "triton"])
+def backend(request: pytest.FixtureRequest) -> str:
+    """Each test runs on the torch reference and on the Triton kernel (skipped where Triton cannot run)."""
+    if request.param == "triton":
+        skip_without_triton()
+    return request.param

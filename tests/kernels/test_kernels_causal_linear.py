@@ -6,36 +6,11 @@ import pytest
 import torch
 
 import kernels
-from kernels.testing import assert_close_rel, feature_map, linear_inputs
+from kernels.testing import assert_close_rel, feature_map, linear_inputs, output_grads
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-2}
 VARIANTS = [(True, False), (True, True), (False, False), (False, True)]  # (normalize, rope)
 VARIANT_IDS = ["norm", "norm-rope", "plain", "plain-rope"]
-
-
-def _skip_without_triton() -> None:
-    pytest.importorskip("triton", reason="triton is not installed: only the reference path is tested")
-    if not (torch.cuda.is_available() or kernels.interpreter_enabled()):
-        pytest.skip("Triton kernels need CUDA or TRITON_INTERPRET=1")
-
-
-@pytest.fixture
-def triton_backend() -> str:
-    _skip_without_triton()
-    return "triton"
-
-
-@pytest.fixture(params=["reference", "triton"])
-def backend(request) -> str:
-    if request.param == "triton":
-        _skip_without_triton()
-    return request.param
-
-
-def _grads(out, inputs, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    do = torch.randn(out.shape, generator=g).to(out.dtype)
-    return torch.autograd.grad(out, inputs, do, retain_graph=True)
 
 
 @pytest.mark.parametrize("normalize,rope", VARIANTS, ids=VARIANT_IDS)
@@ -112,9 +87,9 @@ def test_triton_matches_reference(triton_backend, d, dtype, normalize, rope):
     kw = dict(normalize=normalize, rope=rope)
     out = kernels.causal_linear_attention(fq, fk, fv, backend=triton_backend, **kw)
     assert kernels.backend_used()["causal_linear_attention"] == "triton"
-    grads = _grads(out, raw[:3])
+    grads = output_grads(out, raw[:3])
     ref = kernels.naive_quadratic_causal_linear_attention(fq, fk, fv, **kw)
-    ref_grads = _grads(ref, raw[:3])
+    ref_grads = output_grads(ref, raw[:3])
     assert out.dtype == dtype
     assert_close_rel(out, ref, TOL[dtype], "o")
     for name, g, rg in zip("qkv", grads, ref_grads):
@@ -128,7 +103,7 @@ def test_triton_handles_value_dim_and_odd_head_dim(triton_backend):
     out = kernels.causal_linear_attention(fq, fk, fv, backend=triton_backend)
     ref = kernels.naive_quadratic_causal_linear_attention(fq, fk, fv)
     assert_close_rel(out, ref, 1e-5, "o")
-    for g, rg in zip(_grads(out, raw[:3]), _grads(ref, raw[:3])):
+    for g, rg in zip(output_grads(out, raw[:3]), output_grads(ref, raw[:3])):
         assert_close_rel(g, rg, 1e-5, "grad")
 
 
@@ -138,7 +113,7 @@ def test_left_padding_gives_zero_rows_and_does_not_move_real_outputs(backend, ro
     n_pad = 9
     q, k, v, mask = linear_inputs(1, 2, 30, 16, n_pad=[n_pad])
     out = kernels.causal_linear_attention(*feature_map(q, k, v, mask), rope=rope, backend=backend)
-    dq, dk, dv = _grads(out, (q, k, v))
+    dq, dk, dv = output_grads(out, (q, k, v))
     assert (out[:, :, :n_pad] == 0).all()
     assert (dq[:, :, :n_pad] == 0).all() and (dk[:, :, :n_pad] == 0).all() and (dv[:, :, :n_pad] == 0).all()
     # the same items without padding: RoPE scores depend on offsets only, so nothing moves

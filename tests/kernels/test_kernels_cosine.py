@@ -6,34 +6,9 @@ import pytest
 import torch
 
 import kernels
-from kernels.testing import assert_close_rel, cosine_inputs
+from kernels.testing import assert_close_rel, cosine_inputs, output_grads
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-2}
-
-
-def _skip_without_triton() -> None:
-    pytest.importorskip("triton", reason="triton is not installed: only the reference path is tested")
-    if not (torch.cuda.is_available() or kernels.interpreter_enabled()):
-        pytest.skip("Triton kernels need CUDA or TRITON_INTERPRET=1")
-
-
-@pytest.fixture
-def triton_backend() -> str:
-    _skip_without_triton()
-    return "triton"
-
-
-@pytest.fixture(params=["reference", "triton"])
-def backend(request) -> str:
-    if request.param == "triton":
-        _skip_without_triton()
-    return request.param
-
-
-def _grads(out, inputs, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    do = torch.randn(out.shape, generator=g).to(out.dtype)
-    return torch.autograd.grad(out, inputs, do, retain_graph=True)
 
 
 def test_reassociated_reference_equals_the_quadratic_form():
@@ -101,9 +76,9 @@ def test_triton_matches_reference(triton_backend, dtype, d):
     q, k, v, mask, m = cosine_inputs(2, 2, 70, d, dtype=dtype, n_pad=[0, 23])
     out = kernels.cosine_attention(q, k, v, mask, m, backend=triton_backend)
     assert kernels.backend_used()["cosine_attention"] == "triton"
-    grads = _grads(out, (q, k, v, m))
+    grads = output_grads(out, (q, k, v, m))
     ref = kernels.cosine_attention(q, k, v, mask, m, backend="reference")
-    ref_grads = _grads(ref, (q, k, v, m))
+    ref_grads = output_grads(ref, (q, k, v, m))
     assert out.dtype == dtype
     assert_close_rel(out, ref, TOL[dtype], "o")
     for name, g, rg in zip("qkvm", grads, ref_grads):
@@ -116,15 +91,15 @@ def test_triton_handles_value_dim_and_odd_head_dim(triton_backend):
     out = kernels.cosine_attention(q, k, v, mask, m, backend=triton_backend)
     ref = kernels.naive_cosine_attention(q, k, v, mask, m)
     assert_close_rel(out, ref, 1e-5, "o")
-    for g, rg in zip(_grads(out, (q, k, v, m)), _grads(ref, (q, k, v, m))):
+    for g, rg in zip(output_grads(out, (q, k, v, m)), output_grads(ref, (q, k, v, m))):
         assert_close_rel(g, rg, 1e-5, "grad")
 
 
-def test_padded_rows_give_zero_output_and_zero_grads(backend):
+def test_padded_rows_give_zero_output_and_zerooutput_grads(backend):
     torch.manual_seed(6)
     q, k, v, mask, m = cosine_inputs(2, 2, 20, 16, n_pad=[7, 0])
     out = kernels.cosine_attention(q, k, v, mask, m, backend=backend)
-    dq, dk, dv, dm = _grads(out, (q, k, v, m))
+    dq, dk, dv, dm = output_grads(out, (q, k, v, m))
     pad = ~mask[:, None, :, None].expand_as(out)
     assert (out[pad] == 0).all()
     for g in (dq, dk, dv):
@@ -140,7 +115,7 @@ def test_padded_rows_give_zero_output_and_zero_grads(backend):
 def test_all_padding_row_is_zero_and_finite(backend):
     q, k, v, mask, m = cosine_inputs(2, 2, 9, 16, n_pad=[9, 0])
     out = kernels.cosine_attention(q, k, v, mask, m, backend=backend)
-    grads = _grads(out, (q, k, v, m))
+    grads = output_grads(out, (q, k, v, m))
     assert (out[0] == 0).all()
     assert all(torch.isfinite(g).all() for g in grads)
 

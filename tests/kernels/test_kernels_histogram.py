@@ -9,34 +9,9 @@ import torch
 import torch.nn.functional as F
 
 import kernels
-from kernels.testing import assert_close_rel, histogram_inputs
+from kernels.testing import assert_close_rel, histogram_inputs, output_grads
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-2}
-
-
-def _skip_without_triton() -> None:
-    pytest.importorskip("triton", reason="triton is not installed: only the reference path is tested")
-    if not (torch.cuda.is_available() or kernels.interpreter_enabled()):
-        pytest.skip("Triton kernels need CUDA or TRITON_INTERPRET=1")
-
-
-@pytest.fixture
-def triton_backend() -> str:
-    _skip_without_triton()
-    return "triton"
-
-
-@pytest.fixture(params=["reference", "triton"])
-def backend(request) -> str:
-    if request.param == "triton":
-        _skip_without_triton()
-    return request.param
-
-
-def _grads(out, inputs, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    do = torch.randn(out.shape, generator=g).to(out.dtype)
-    return torch.autograd.grad(out, inputs, do, retain_graph=True)
 
 
 def _counted_histogram(codes: torch.Tensor, W: int, gamma: float | None) -> torch.Tensor:
@@ -150,9 +125,9 @@ def test_triton_matches_reference(triton_backend, cwd, dtype, soft, decay):
     kw = dict(decay=decay, backend=triton_backend)
     out = kernels.causal_histogram_attention(assign, codes, table, values, **kw)
     assert kernels.backend_used()["causal_histogram_attention"] == "triton"
-    grads = _grads(out, (assign, table, values))
+    grads = output_grads(out, (assign, table, values))
     ref = kernels.causal_histogram_attention(assign, codes, table, values, decay=decay, backend="reference")
-    ref_grads = _grads(ref, (assign, table, values))
+    ref_grads = output_grads(ref, (assign, table, values))
     assert out.dtype == dtype
     assert_close_rel(out, ref, TOL[dtype], "o")
     for name, g, rg in zip(["assign", "table", "values"], grads, ref_grads):
@@ -166,7 +141,7 @@ def test_triton_handles_sizes_that_are_not_powers_of_two(triton_backend):
     out = kernels.causal_histogram_attention(assign, codes, table, values, decay=0.5, backend=triton_backend)
     ref = kernels.naive_causal_histogram_attention(assign, codes, table, values, decay=0.5)
     assert_close_rel(out, ref, 1e-5, "o")
-    for g, rg in zip(_grads(out, (assign, table, values)), _grads(ref, (assign, table, values))):
+    for g, rg in zip(output_grads(out, (assign, table, values)), output_grads(ref, (assign, table, values))):
         assert_close_rel(g, rg, 1e-5, "grad")
 
 
@@ -177,7 +152,7 @@ def test_padded_rows_output_zero_and_pass_no_gradient(backend):
     assign = torch.softmax(raw_logits, -1) * mask[:, :, None, None]  # the caller zeroes padded rows
     _, codes, table, values, _ = histogram_inputs(2, 20, 2, 8, 16)
     out = kernels.causal_histogram_attention(assign, codes, table, values, decay=0.9, backend=backend)
-    d_logits, d_table, d_values = _grads(out, (raw_logits, table, values))
+    d_logits, d_table, d_values = output_grads(out, (raw_logits, table, values))
     assert (out[0, :6] == 0).all()
     assert (d_logits[0, :6] == 0).all()
     assert all(torch.isfinite(g).all() for g in (d_logits, d_table, d_values))
