@@ -13,10 +13,11 @@ after one warm-up step, on CPU.
 ``LISA before`` swaps the histogram attention back to the autograd formulation with the blocked-matmul scan
 (:func:`kernels.histogram.naive.autograd_causal_histogram_attention`, what the reference was before the
 rewrite); ``LISA`` is the current reference. Both rows run the current quantizer (its r·(U·Cᵀ) logits and
-straight-through gather are not switchable), so the speed-up column is the histogram path's share alone. The last line names the smallest N at which LISA's step is
-faster than SASRec's, or says that it is not up to the largest N measured. ``--profile N`` prints
-torch.profiler's top operators of one current LISA step at that N. The load average is printed with the table:
-on a shared CPU every absolute figure depends on it, the ratios much less.
+straight-through gather are not switchable), so the speed-up column is the histogram path's share alone.
+The last line names the smallest N at which LISA's step is faster than SASRec's, or says that it is not up to
+the largest N measured. ``--profile N`` prints torch.profiler's top operators of one current LISA step at that
+N. The load average is printed with the table: on a shared CPU every absolute figure depends on it (other
+people's jobs come and go between rows), the ratios less so.
 """
 
 from __future__ import annotations

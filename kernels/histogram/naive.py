@@ -15,15 +15,16 @@ Numerics shared with the Triton kernels:
 * The decayed histogram is the recurrence itself, row by row in place (:func:`decayed_cumsum`), never the
   cumsum(γ^-i·x)·γ^i trick, which under/overflows past ~870 positions.
 
-Two implementations, equal within float rounding (tests/kernels/test_kernels_histogram.py checks outputs and
-gradients to 1e-5 relative in float32, 1e-10 in float64):
+Two implementations, equal within float rounding (tests/kernels/test_kernels_histogram_reference.py checks
+outputs and gradients to 1e-5 of the largest entry in float32, 1e-10 in float64; they differ only where the
+EXP_CLAMP below bites, which the hand-written one applies to M − lse, like the Triton kernel):
 
 * :func:`naive_causal_histogram_attention` -- the reference the dispatcher runs off CUDA. A hand-written
   ``autograd.Function`` with the Triton kernels' backward (weights a, dM = a·(g·V − g·o_c), dF̃ = exp(M − lse)·
   (g·V − g·o_c), dassign = the reverse decayed scan of dF̃). It keeps ONE (B, N, C, W) tensor (the weights) from
   forward to backward and mixes the values as one (B·N, C·W) × (C·W, D) matmul. The autograd version below
-  made ~20 (B, N, C, W) temporaries in the forward and kept most of them alive for its backward, which is what
-  made LISA slower per step than SASRec's N×N attention on CPU.
+  makes ~20 (B, N, C, W) temporaries in the forward and keeps most of them alive for its backward: on CPU
+  those passes, not the O(N·C·W·D) arithmetic, were most of LISA's step.
 * :func:`autograd_causal_histogram_attention` -- the same formula written for autograd (the derivative is
   torch's, not ours): the independent check of the hand-written backward, and the "before" of
   ``benchmarks/lisa_speed.py``.
