@@ -23,7 +23,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-OBJECTIVES = ("causal", "last", "cloze", "bce")
+# sampled_ce (study.train.objectives) is allowed wherever causal is: it is causal training with a sampled softmax
+OBJECTIVES = ("causal", "last", "cloze", "bce", "sampled_ce")
 ACTIVATIONS = ("gelu", "relu", "silu")  # what models.blocks.FeedForward accepts
 CONSTRAINT = "constraint"  # the dataclass field metadata key that holds a field's Constraint
 

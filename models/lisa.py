@@ -100,18 +100,43 @@ class ResidualQuantizer(nn.Module):
 
     def forward(self, x: torch.Tensor, soft: bool = False) -> Quantized:
         residual, assigns, codes, vectors = x, [], [], 0.0
-        for book in self.codebooks:
-            logits = (residual @ self.bilinear) @ book.T
+        # r·U·cᵀ as r·(U·Cᵀ): a (D, W) product per codebook and step, instead of a (D, D) one per position
+        similarities = self.bilinear @ self.codebooks.transpose(1, 2)  # (B, D, W)
+        for book, similarity in zip(self.codebooks, similarities):
+            logits = residual @ similarity
             probs = (logits / self.temperature).softmax(-1)
             code = logits.argmax(-1)
-            # straight-through: exactly one-hot forward, gradient of the tempered softmax backward
-            assign = probs if soft else probs + (F.one_hot(code, book.shape[0]).to(probs) - probs).detach()
-            chosen = assign @ book
+            if soft:
+                assign, chosen = probs, probs @ book
+            else:
+                # straight-through: exactly one-hot forward, gradient of the tempered softmax backward
+                assign = probs + (F.one_hot(code, book.shape[0]).to(probs) - probs).detach()
+                chosen = StraightThroughPick.apply(probs, code, book)
             residual = residual - chosen
             assigns.append(assign)
             codes.append(code)
             vectors = vectors + chosen
         return Quantized(torch.stack(assigns, -2), torch.stack(codes, -1), vectors)
+
+
+class StraightThroughPick(torch.autograd.Function):
+    """``ĥ @ C`` for the straight-through ĥ = π + stopgrad(onehot(code) − π), without the (…, W) × (W, D) matmuls.
+
+    Forward, ĥ is exactly one-hot, so the product is the chosen codeword: a gather. Backward, the gradient to π
+    is g·Cᵀ (as through ĥ) and the gradient to C is ĥᵀ·g, i.e. g added to the chosen rows: an index_add. The
+    values equal the matmul's (a one-hot product adds zeros only); the gradients agree to float rounding.
+    """
+
+    @staticmethod
+    def forward(ctx, probs: torch.Tensor, code: torch.Tensor, book: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(code, book)
+        return book[code]
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        code, book = ctx.saved_tensors
+        grad_book = torch.zeros_like(book).index_add_(0, code.reshape(-1), grad.reshape(-1, book.shape[1]))
+        return grad @ book.T, None, grad_book
 
 
 @register("lisa")

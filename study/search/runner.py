@@ -104,7 +104,7 @@ def announce_cost(study: Study, data: TrialData) -> str:
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, math.floor(study.resources.cpu)))
     try:
-        step = TrainStep(models.build(study.model, **hparams), train_cfg)
+        step = TrainStep(models.build(study.model, **hparams), train_cfg, item_popularity=trial_data.item_popularity)
         cost = epoch_cost(step, trial_data, train_cfg, resolve_device("cpu" if study.resources.gpu == 0 else "auto"))
     finally:
         torch.set_num_threads(threads)

@@ -34,6 +34,9 @@ class TrainConfig:
     mask_history: bool = False  # RecBole's default: history items stay rankable
     mask_prob: float = 0.2  # cloze only; BERT4Rec uses 0.2 on MovieLens, 0.6 on Beauty
     prefixes_per_user: int = 0  # `last` only: 0 = every prefix (RecBole's augmentation), n = n random ones
+    # `sampled_ce` only (training negatives; num_negatives/negative_sampler above are the *evaluation* protocol's)
+    train_negatives: int = 256  # eSASRec's SS-256
+    train_negative_sampler: str = "uniform"  # uniform or popularity, always with the logQ correction
     # optimisation
     lr: float = 1e-3
     weight_decay: float = 0.0
@@ -57,8 +60,12 @@ class TrainConfig:
             errors.append(("eval_mode", f"must be one of {EVAL_MODES}, got {self.eval_mode!r}"))
         if self.negative_sampler not in NEGATIVE_SAMPLERS:
             errors.append(("negative_sampler", f"must be one of {NEGATIVE_SAMPLERS}, got {self.negative_sampler!r}"))
-        if self.num_negatives < 1:
-            errors.append(("num_negatives", f"must be >= 1, got {self.num_negatives}"))
+        if self.train_negative_sampler not in NEGATIVE_SAMPLERS:
+            errors.append(("train_negative_sampler",
+                           f"must be one of {NEGATIVE_SAMPLERS}, got {self.train_negative_sampler!r}"))
+        for key in ("num_negatives", "train_negatives"):
+            if getattr(self, key) < 1:
+                errors.append((key, f"must be >= 1, got {getattr(self, key)}"))
         if not 0.0 < self.mask_prob < 1.0:
             errors.append(("mask_prob", f"must be in (0, 1), got {self.mask_prob}"))
         for key in ("batch_size", "max_epochs", "eval_batch_size"):

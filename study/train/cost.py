@@ -57,7 +57,7 @@ def estimate_epoch(step: TrainStep, batches: list[tuple[np.ndarray, torch.Tensor
     cpu_state = torch.get_rng_state()
     cuda_state = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
     try:
-        trial = TrainStep(copy.deepcopy(step.model), step.train)
+        trial = TrainStep(copy.deepcopy(step.model), step.train, step.item_popularity)
         batch = torch.as_tensor(largest, dtype=torch.long, device=device)
         trial(batch, users=users)  # warm-up: allocator, kernels, lazy initialisation
         timings = []

@@ -7,6 +7,9 @@ A window's last column is the newest item. The objectives read it differently:
   prefixes of whole user histories, produced by :func:`history_prefix_windows`, RecBole's augmentation.
 - ``cloze``: BERT4Rec's masked-item CE over the newest L items.
 - ``bce``: the original SASRec loss, one uniformly sampled negative per position.
+- ``sampled_ce``: sampled softmax with the logQ correction at every position (like ``causal``), against
+  ``train_negatives`` negatives drawn ``uniform``-ly or by ``popularity`` (gSASRec/eSASRec, Petrov & Macdonald).
+  See :func:`sampled_softmax_ce` for the choices.
 """
 
 from __future__ import annotations
@@ -19,13 +22,20 @@ import torch.nn.functional as F
 
 from models import ConfigError, SeqRecModel
 
+# objectives that score every position of a window, so they need a causal model
+CAUSAL_OBJECTIVES = ("causal", "sampled_ce")
+
 
 def resolve_objective(model: SeqRecModel, objective: str) -> str:
     """The objective a trial uses; an objective the model cannot train with is a config error."""
     chosen = model.default_objective if objective == "auto" else objective
-    if chosen not in model.objectives:
+    # sampled_ce is causal training with a cheaper softmax: any model that may train with `causal` may use it
+    allowed = chosen in model.objectives or (chosen == "sampled_ce" and "causal" in model.objectives)
+    if not allowed:
+        leak = "its token mixer is not causal, so all-position training would leak future items"
         reason = {
-            "causal": "its token mixer is not causal, so all-position training would leak future items",
+            "causal": leak,
+            "sampled_ce": leak,
             "cloze": "it is a causal-only model; cloze needs a bidirectional mixer and a mask token",
         }.get(chosen, "it is not supported by this model")
         raise ConfigError([("objective", f"{model.name} cannot train with {chosen!r}: {reason}; "
@@ -78,9 +88,87 @@ def bce_loss(model: SeqRecModel, windows: torch.Tensor, generator: torch.Generat
     return F.softplus(-pos_logits).mean() + F.softplus(neg_logits).mean()
 
 
+class NegativeSampler:
+    """Draws the training negatives of ``sampled_ce`` and knows each item's log sampling probability.
+
+    ``uniform``: q = 1 / num_items over ids 1..num_items. ``popularity``: q ∝ training count + 1; the +1 keeps
+    every item drawable and its log q finite, so a positive never seen in the counts still gets a finite
+    correction. Padding (id 0) has q = 0 and is never drawn. Draws are with replacement, from the step's own
+    CPU generator (so they never shift the model's RNG), then moved to the model's device.
+    """
+
+    def __init__(self, num_items: int, num_negatives: int, kind: str = "uniform",
+                 item_popularity: np.ndarray | None = None) -> None:
+        if kind == "popularity":
+            if item_popularity is None:
+                raise ValueError("the popularity sampler needs the training item counts")
+            counts = torch.as_tensor(np.asarray(item_popularity, dtype=np.float64)[: num_items + 1])
+            if counts.shape != (num_items + 1,):
+                raise ValueError(f"item_popularity must hold {num_items + 1} counts (padding first), "
+                                 f"got {tuple(counts.shape)}")
+            weights = counts.clamp(min=0) + 1.0
+        elif kind == "uniform":
+            weights = torch.ones(num_items + 1, dtype=torch.float64)
+        else:
+            raise ValueError(f"unknown negative sampler {kind!r}")
+        weights[0] = 0.0
+        self.kind = kind
+        self.num_negatives = num_negatives
+        self.probs = weights / weights.sum()  # (num_items + 1,), float64 on the CPU: what torch.multinomial reads
+        self.log_probs = torch.log(self.probs).float()  # log 0 = -inf at padding, which is never a candidate
+        self._device_log_probs: dict[torch.device, torch.Tensor] = {}
+
+    def draw(self, generator: torch.Generator, device: torch.device) -> torch.Tensor:
+        """``num_negatives`` item ids (with replacement), shared by every position of the step."""
+        if self.kind == "uniform":  # randint: no (num_items,) scan per step
+            ids = torch.randint(1, len(self.probs), (self.num_negatives,), generator=generator)
+        else:
+            ids = torch.multinomial(self.probs, self.num_negatives, replacement=True, generator=generator)
+        return ids.to(device)
+
+    def log_q(self, device: torch.device) -> torch.Tensor:
+        """log q of every id, (num_items + 1,) float32 on ``device`` (cached: moved once per device)."""
+        if device not in self._device_log_probs:
+            self._device_log_probs[device] = self.log_probs.to(device)
+        return self._device_log_probs[device]
+
+
+def sampled_softmax_ce(hidden: torch.Tensor, positives: torch.Tensor, weights: torch.Tensor,
+                       negatives: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
+    """Sampled softmax CE with the logQ correction over scored positions.
+
+    ``hidden`` (P, d) and ``positives`` (P,) are the scored positions; ``negatives`` (K,) are ONE draw shared by
+    every position of the batch (one (P, d) x (d, K) product instead of P gathers of K rows, which is what makes
+    it cheap); ``log_q`` (num_items + 1,) is each id's log sampling probability.
+
+    Each candidate's logit is ``h·w_j − log q_j`` (Bengio & Senécal's logQ correction, as in Yi et al. 2019 and
+    eSASRec): the positive is corrected too, so that when every item is sampled once under a uniform q the shift
+    is one constant and the loss is exactly the full softmax CE. A negative that equals the position's own
+    positive (an accidental hit, likely under popularity sampling) is masked to −∞ rather than redrawn, so the
+    positive appears exactly once among the logits.
+    """
+    target_logits = (hidden * weights[positives]).sum(-1) - log_q[positives]
+    negative_logits = hidden @ weights[negatives].T - log_q[negatives]
+    negative_logits = negative_logits.masked_fill(negatives[None, :] == positives[:, None], float("-inf"))
+    logits = torch.cat([target_logits[:, None], negative_logits], dim=1)
+    return F.cross_entropy(logits, torch.zeros(len(logits), dtype=torch.long, device=logits.device))
+
+
+def sampled_ce_loss(model: SeqRecModel, windows: torch.Tensor, sampler: NegativeSampler,
+                    generator: torch.Generator, users: torch.Tensor | None = None) -> torch.Tensor:
+    inputs, targets = windows[:, :-1], windows[:, 1:]
+    hidden = model(inputs, **model.user_inputs(users))
+    scored = (targets > 0) & (inputs > 0)
+    negatives = sampler.draw(generator, windows.device)
+    return sampled_softmax_ce(hidden[scored], targets[scored], model.item_weights(), negatives,
+                              sampler.log_q(windows.device))
+
+
 def objective_loss(objective: str, model: SeqRecModel, windows: torch.Tensor, *, mask_prob: float,
-                   generator: torch.Generator, users: torch.Tensor | None = None) -> torch.Tensor:
-    """``users`` (B,): the user of each window, read only by models that set ``needs_users`` (FPMC)."""
+                   generator: torch.Generator, users: torch.Tensor | None = None,
+                   sampler: NegativeSampler | None = None) -> torch.Tensor:
+    """``users`` (B,): the user of each window, read only by models that set ``needs_users`` (FPMC);
+    ``sampler``: the negatives of ``sampled_ce``."""
     if objective == "causal":
         loss = causal_loss(model, windows, users)
     elif objective == "last":
@@ -89,6 +177,10 @@ def objective_loss(objective: str, model: SeqRecModel, windows: torch.Tensor, *,
         loss = cloze_loss(model, windows, mask_prob, generator)
     elif objective == "bce":
         loss = bce_loss(model, windows, generator, users)
+    elif objective == "sampled_ce":
+        if sampler is None:
+            raise ValueError("the sampled_ce objective needs a NegativeSampler")
+        loss = sampled_ce_loss(model, windows, sampler, generator, users)
     else:
         raise ValueError(f"unknown objective {objective!r}")
     aux = model.aux_loss()

@@ -172,7 +172,7 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
     seed_everything(train_cfg.seed)
 
     model = models.build(model_name, **model_hparams).to(device)
-    step = TrainStep(model, train_cfg)
+    step = TrainStep(model, train_cfg, item_popularity=data.item_popularity)
     objective = step.objective
     rng = np.random.default_rng(train_cfg.seed)
 
