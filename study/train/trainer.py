@@ -205,6 +205,7 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
         model.train()
         users = train_batches(epoch) if train_batches else user_batches(data.train, train_cfg.batch_size, rng)
         total_loss, sequences, steps = 0.0, 0, 0
+        finished = (best_valid, best_test, best_epoch, best_state, epochs_without_gain)
         try:
             for windows, window_users in epoch_windows(data, users, objective, train_cfg, rng):
                 batch = torch.as_tensor(windows, dtype=torch.long, device=device)
@@ -218,22 +219,24 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
                 steps += 1
                 if steps_per_epoch:
                     bar.update(1)
+            train_time = time.perf_counter() - epoch_start
+            try:
+                valid = score("valid")
+            except NonFiniteScores as error:
+                raise NonFiniteScores(f"validation after epoch {epoch}: {error}") from None
+            if not best_valid or valid[SELECTION_METRIC] > best_valid[SELECTION_METRIC]:
+                best_valid, best_epoch, epochs_without_gain = valid, epoch, 0
+                best_test = score("test")
+                best_state = copy.deepcopy(model.state_dict())
+            else:
+                epochs_without_gain += 1
         except KeyboardInterrupt:
             if not progress:  # inside a sweep, Ray owns the signal
                 raise
-            interrupted = True  # Ctrl-C: drop the unfinished epoch, keep the finished ones
+            # Ctrl-C anywhere in an epoch (training or its evaluation): drop that epoch, keep the finished ones
+            best_valid, best_test, best_epoch, best_state, epochs_without_gain = finished
+            interrupted = True
             break
-        train_time = time.perf_counter() - epoch_start
-        try:
-            valid = score("valid")
-        except NonFiniteScores as error:
-            raise NonFiniteScores(f"validation after epoch {epoch}: {error}") from None
-        if not best_valid or valid[SELECTION_METRIC] > best_valid[SELECTION_METRIC]:
-            best_valid, best_epoch, epochs_without_gain = valid, epoch, 0
-            best_test = score("test")
-            best_state = copy.deepcopy(model.state_dict())
-        else:
-            epochs_without_gain += 1
         epoch_time = time.perf_counter() - epoch_start
         epoch_times.append(epoch_time)
         throughputs.append(sequences / train_time if train_time > 0 else float("nan"))
@@ -353,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: the trial failed: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("interrupted before the first epoch finished: no result", file=sys.stderr)
+        print("interrupted: no finished epoch to report", file=sys.stderr)
         return 130
     print(to_json_line(result))
     if result["status"] == "interrupted":
