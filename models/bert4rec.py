@@ -12,7 +12,9 @@ Choices stated explicitly:
 - The mask token is id ``num_items + 1`` (one extra embedding row); :meth:`item_weights` drops it so it
   is never ranked.
 - Next-item prediction appends the mask token: the window is shifted left by one and the mask sits at
-  position L-1, the position the cloze objective trains most often to fill with the newest item.
+  position L-1, the position the cloze objective trains most often to fill with the newest item. A window
+  narrower than ``max_len`` (leading padding trimmed) keeps its oldest column: positions count from the
+  newest item (``models.blocks.ItemEmbedding``), so the result is that of the full window.
 - Objectives: ``cloze`` (default) and ``last`` (RecBole-style prefix CE, read through the same mask
   token). ``causal`` and ``bce`` train on every position at once and would leak future items through
   the bidirectional attention, so they are refused.
@@ -80,9 +82,11 @@ class BERT4Rec(SeqRecModel):
         return self.head(self.encoder(self.embedding(items), valid))
 
     def last_hidden(self, items: torch.Tensor) -> torch.Tensor:
-        # Ask "what comes next?": drop the oldest item, put the mask token at the newest position.
+        # Ask "what comes next?": put the mask token at the newest position, dropping the oldest column only when
+        # the window would outgrow max_len; a trimmed window (narrower than max_len) keeps all its items, as the
+        # column a full window drops is padding in every row of a trimmed batch.
         mask = torch.full_like(items[:, :1], self.mask_token)
-        return self.forward(torch.cat([items[:, 1:], mask], dim=1))[:, -1]
+        return self.forward(torch.cat([items, mask], dim=1)[:, -self.config.max_len:])[:, -1]
 
     def item_weights(self) -> torch.Tensor:
         return self.embedding.items.weight[: self.config.num_items + 1]

@@ -7,6 +7,10 @@ A window's last column is the newest item. The objectives read it differently:
   prefixes of user sequences, produced by :func:`expand_prefixes`, which is RecBole's augmentation.
 - ``cloze``: BERT4Rec's masked-item CE over the newest L items.
 - ``bce``: the original SASRec loss, one uniformly sampled negative per position.
+
+With ``trim`` (``TrainStep`` passes ``TrainConfig.trim_padding``, on by default) the columns that are padding
+in every window of the batch are dropped before the model runs (:mod:`study.train.padding`); the target column
+always stays, and the cloze mask is drawn over the full width first, so the random draws are the untrimmed ones.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from models import ConfigError, SeqRecModel
+from study.train.padding import padding_columns, trim_padding
 
 
 def resolve_objective(model: SeqRecModel, objective: str) -> str:
@@ -48,13 +53,17 @@ def last_loss(model: SeqRecModel, windows: torch.Tensor) -> torch.Tensor:
     return _full_softmax_ce(model.last_hidden(windows[:, :-1]), windows[:, -1], model.item_weights())
 
 
-def cloze_loss(model: SeqRecModel, windows: torch.Tensor, mask_prob: float, generator: torch.Generator) -> torch.Tensor:
+def cloze_loss(model: SeqRecModel, windows: torch.Tensor, mask_prob: float, generator: torch.Generator,
+               trim: bool = False) -> torch.Tensor:
     items = windows[:, 1:]
     real = items > 0
     masked = real & (torch.rand(items.shape, generator=generator, device="cpu").to(items.device) < mask_prob)
     # every sequence predicts at least one item: mask its newest one if the coin flips left none
     none_masked = ~masked.any(1)
     masked[none_masked, -1] = real[none_masked, -1]
+    if trim:  # after the draw, so the mask is the untrimmed batch's; dropped columns hold no item, hence no mask
+        start = padding_columns(items)
+        items, masked = items[:, start:], masked[:, start:]
     hidden = model(items.masked_fill(masked, model.mask_token))
     return _full_softmax_ce(hidden[masked], items[masked], model.item_weights())
 
@@ -75,13 +84,15 @@ def bce_loss(model: SeqRecModel, windows: torch.Tensor, generator: torch.Generat
 
 
 def objective_loss(objective: str, model: SeqRecModel, windows: torch.Tensor, *, mask_prob: float,
-                   generator: torch.Generator) -> torch.Tensor:
+                   generator: torch.Generator, trim: bool = False) -> torch.Tensor:
+    if trim and objective != "cloze":
+        windows = trim_padding(windows, keep=2)  # at least one input column beside the targets
     if objective == "causal":
         loss = causal_loss(model, windows)
     elif objective == "last":
         loss = last_loss(model, windows)
     elif objective == "cloze":
-        loss = cloze_loss(model, windows, mask_prob, generator)
+        loss = cloze_loss(model, windows, mask_prob, generator, trim)
     elif objective == "bce":
         loss = bce_loss(model, windows, generator)
     else:

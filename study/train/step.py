@@ -36,7 +36,7 @@ class TrainStep:
     def __call__(self, windows: torch.Tensor, *, check_finite: bool = False) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
         loss = objective_loss(self.objective, self.model, windows, mask_prob=self.train.mask_prob,
-                              generator=self.generator)
+                              generator=self.generator, trim=self.train.trim_padding)
         if check_finite and not torch.isfinite(loss):
             raise NonFiniteLoss(f"non-finite training loss {loss.item()}")
         loss.backward()

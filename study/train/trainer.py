@@ -166,7 +166,8 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
         split = data.valid if split_name == "valid" else data.test
         # strict: a model that scores targets NaN/inf fails the trial; such an epoch is never selected nor reported
         return evaluate(model, split, batch_size=train_cfg.eval_batch_size, device=device,
-                        mask_history=train_cfg.mask_history, negatives=negatives.get(split_name), strict=True)
+                        mask_history=train_cfg.mask_history, negatives=negatives.get(split_name), strict=True,
+                        trim=train_cfg.trim_padding)
 
     best_valid: dict[str, float] = {}
     best_test: dict[str, float] = {}
@@ -277,7 +278,7 @@ def efficiency_figures(model_name: str, model_hparams: dict, train_cfg: TrainCon
                                                           num_threads=threads)
     except RuntimeError as error:
         peak_mb, method = float("nan"), f"failed: {error}"
-    p50, p95 = efficiency.inference_latency_ms(model, data.test.inputs, device)
+    p50, p95 = efficiency.inference_latency_ms(model, data.test.inputs, device, trim=train_cfg.trim_padding)
     return {"peak_mem_mb": peak_mb, "peak_mem_method": method, "infer_ms_p50": p50, "infer_ms_p95": p95}
 
 
