@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from study.train.padding import padding_columns
+from study.train.objectives import computed_positions
 from study.train.step import TrainStep
 
 PADDING_HINT = 0.5  # above this share of padded positions, the line suggests a shorter max_len
@@ -64,8 +64,7 @@ def estimate_epoch(step: TrainStep, batches: list[np.ndarray], device: torch.dev
     windows = sum(len(batch) for batch in batches)
     tokens = sum(batch[:, :-1].size for batch in batches)
     real = sum(int(np.count_nonzero(batch[:, :-1])) for batch in batches)
-    computed = [batch[:, :-1].size - (len(batch) * padding_columns(batch, keep=2) if step.train.trim_padding else 0)
-                for batch in batches]
+    computed = [computed_positions(step.objective, batch, step.train.trim_padding) for batch in batches]
     full_size = max(len(batch) for batch in batches)
     by_cost = sorted((cost, index) for index, (cost, batch) in enumerate(zip(computed, batches))
                      if len(batch) == full_size)

@@ -15,7 +15,7 @@ import torch
 import models
 from study.train.cost import EpochCost
 from study.train.metrics import EvalSplit, evaluate
-from study.train.objectives import expand_prefixes, objective_loss
+from study.train.objectives import computed_positions, expand_prefixes, length_groups, objective_loss
 from study.train.padding import padding_columns, trim_padding
 from study.train.trainer import TrialData, run_trial
 
@@ -29,6 +29,8 @@ PER_OBJECTIVE = {
     "cloze": ("bert4rec", {**NO_DROPOUT, "attn_dropout": 0.0, "num_layers": 1, "inner_size": 16}),
     "bce": ("lisa", {**NO_DROPOUT, "variant": "soft", "num_codewords": 8, "inner_size": 16}),  # with its aux loss
 }
+# `last` computes in length groups; LISA-Soft's auxiliary loss must come out as that of the whole batch
+LOSS_CASES = {**PER_OBJECTIVE, "last-lisa-soft": PER_OBJECTIVE["bce"]}
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +63,10 @@ def _widths_seen(model: models.SeqRecModel) -> list[int]:
     return widths
 
 
-@pytest.mark.parametrize("objective", PER_OBJECTIVE)
-def test_each_objective_gives_the_same_loss_and_gradients_on_a_trimmed_batch(lastfm, objective):
-    name, hparams = PER_OBJECTIVE[objective]
+@pytest.mark.parametrize("case", LOSS_CASES)
+def test_each_objective_gives_the_same_loss_and_gradients_on_a_trimmed_batch(lastfm, case):
+    objective = case.split("-")[0]
+    name, hparams = LOSS_CASES[case]
     windows = lastfm.train[np.argsort((lastfm.train > 0).sum(1))[:64]]  # the shortest users: much padding
     if objective == "last":
         windows = expand_prefixes(windows, 2, np.random.default_rng(0))
@@ -138,3 +141,15 @@ def test_cost_line_says_what_trimming_leaves():
     untrimmed = EpochCost(windows=100, steps=1, tokens=20_000, real_tokens=5_000, computed_tokens=20_000,
                           step_s=0.1, max_len=200, median_length=19).line(max_epochs=1)
     assert "computed after trimming" not in untrimmed and "max_len 200 vs a median length of 19" in untrimmed
+
+
+def test_last_groups_prefixes_by_length_and_counts_what_it_computes():
+    windows = np.zeros((8, 11), dtype=np.int64)
+    for row, length in enumerate([1, 10, 2, 9, 3, 8, 4, 7]):
+        windows[row, -(length + 1):] = np.arange(1, length + 2)
+    lengths = torch.as_tensor((windows[:, :-1] > 0).sum(1))
+    groups = length_groups(lengths, groups=4)
+    assert [sorted(lengths[rows].tolist()) for rows in groups] == [[1, 2], [3, 4], [7, 8], [9, 10]]
+    assert computed_positions("last", windows, trim=True) == 2 * (2 + 4 + 8 + 10)
+    assert computed_positions("causal", windows, trim=True) == 8 * 10
+    assert computed_positions("last", windows, trim=False) == 8 * 10
