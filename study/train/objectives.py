@@ -62,9 +62,20 @@ def last_loss(model: SeqRecModel, windows: torch.Tensor, trim: bool = False) -> 
 LENGTH_GROUPS = 4
 
 
-def length_groups(lengths: torch.Tensor, groups: int = LENGTH_GROUPS) -> tuple[torch.Tensor, ...]:
-    """Row indices of a batch, by real length, in ``groups`` nearly equal parts (shortest first)."""
-    return tuple(rows for rows in torch.argsort(lengths, stable=True).tensor_split(groups) if len(rows))
+def length_groups(lengths: torch.Tensor, groups: int = LENGTH_GROUPS) -> list[torch.Tensor]:
+    """Row indices of a batch, by real length, in at most ``groups`` nearly equal parts (shortest first).
+
+    Neighbouring parts with the same longest prefix are merged, as splitting them would save nothing: a batch
+    without padding (the scaling study's) stays one part, computed as one forward pass.
+    """
+    lengths = lengths.cpu()
+    merged: list[torch.Tensor] = []
+    for rows in torch.argsort(lengths, stable=True).tensor_split(groups):
+        if len(rows) and merged and lengths[rows].max() == lengths[merged[-1]].max():
+            merged[-1] = torch.cat([merged[-1], rows])
+        elif len(rows):
+            merged.append(rows)
+    return merged
 
 
 def last_hidden_by_length(model: SeqRecModel, inputs: torch.Tensor) -> torch.Tensor:
@@ -75,8 +86,11 @@ def last_hidden_by_length(model: SeqRecModel, inputs: torch.Tensor) -> torch.Ten
     input positions, so the groups' terms are recombined weighted by their numbers of real positions.
     """
     real = inputs > 0
+    groups = length_groups(real.sum(1))
+    if len(groups) == 1:
+        return model.last_hidden(trim_padding(inputs))
     parts, order, aux_terms = [], [], []
-    for rows in length_groups(real.sum(1)):
+    for rows in groups:
         parts.append(model.last_hidden(trim_padding(inputs[rows])))
         order.append(rows)
         aux = model.aux_loss()

@@ -153,3 +153,6 @@ def test_last_groups_prefixes_by_length_and_counts_what_it_computes():
     assert computed_positions("last", windows, trim=True) == 2 * (2 + 4 + 8 + 10)
     assert computed_positions("causal", windows, trim=True) == 8 * 10
     assert computed_positions("last", windows, trim=False) == 8 * 10
+    two_widths = torch.as_tensor([5, 1, 5, 1, 5, 1, 5, 1])  # four parts but two widths: two forward passes
+    assert [two_widths[rows].tolist() for rows in length_groups(two_widths, groups=4)] == [[1] * 4, [5] * 4]
+    assert len(length_groups(torch.full((8,), 5), groups=4)) == 1  # no padding: the batch stays whole
