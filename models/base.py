@@ -1,8 +1,11 @@
 """The model contract every zoo member follows.
 
 A model maps a left-padded window of item ids ``(B, L)`` (0 = padding, the newest item at position
-``L - 1``) to hidden states ``(B, L, d)``. Scoring is always ``hidden @ item_weights().T``, so the
-trainer, the objectives and the evaluator never need to know which token mixer a model uses.
+``L - 1``) to hidden states ``(B, L, d)``. ``L`` may be less than ``max_len``: the trainer drops the leading
+columns that are padding in every row of a batch, so at real items a model's outputs must not depend on ``L``
+(positions count from the newest item, ``models.blocks.right_aligned_positions``). Scoring is always
+``hidden @ item_weights().T``, so the trainer, the objectives and the evaluator never need to know which token
+mixer a model uses.
 
 Hyperparameters are dataclass fields whose constraints are declared once, as field metadata (:func:`knob`,
 :func:`positive`, :func:`probability`, :func:`one_of`, :func:`heads`), and checked generically. Models

@@ -12,7 +12,9 @@ Choices stated explicitly:
 - The mask token is id ``num_items + 1`` (one extra embedding row); :meth:`item_weights` drops it so it
   is never ranked.
 - Next-item prediction appends the mask token: the window is shifted left by one and the mask sits at
-  position L-1, the position the cloze objective trains most often to fill with the newest item.
+  position L-1, the position the cloze objective trains most often to fill with the newest item. A window
+  narrower than ``max_len`` (leading padding trimmed) keeps its oldest column: positions count from the
+  newest item (``models.blocks.ItemEmbedding``), so the result is that of the full window.
 - Objectives: ``cloze`` (default) and ``last`` (RecBole-style prefix CE, read through the same mask
   token). ``causal`` and ``bce`` train on every position at once and would leak future items through
   the bidirectional attention, so they are refused.
@@ -36,6 +38,7 @@ from models.blocks import (
     TokenMixer,
     TransformerBlock,
     TransformerEncoder,
+    next_item_query,
 )
 from models.registry import register
 
@@ -82,9 +85,7 @@ class BERT4Rec(SeqRecModel):
         return self.head(self.encoder(self.embedding(items), valid))
 
     def last_hidden(self, items: torch.Tensor) -> torch.Tensor:
-        # Ask "what comes next?": drop the oldest item, put the mask token at the newest position.
-        mask = torch.full_like(items[:, :1], self.mask_token)
-        return self.forward(torch.cat([items[:, 1:], mask], dim=1))[:, -1]
+        return self.forward(next_item_query(items, self.mask_token, self.config.max_len))[:, -1]
 
     def item_weights(self) -> torch.Tensor:
         return self.embedding.items.weight[: self.config.num_items + 1]

@@ -3,7 +3,8 @@
 Models differ almost only in their token mixer (the attention), so the mixer is a pluggable
 module with one signature: ``mixer(x, valid) -> x`` where ``x`` is (B, L, d) and ``valid`` is a
 (B, L) bool mask, True at real items. Sequences are left-padded: position ``L - 1`` is always the
-newest item.
+newest item. A window may be narrower than ``max_len`` (the trainer drops the leading columns that are padding
+in every row of a batch), so positions count from the newest item: it always gets index ``max_len - 1``.
 """
 
 from __future__ import annotations
@@ -32,8 +33,19 @@ class ItemEmbedding(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, items: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(items.shape[1], device=items.device)
+        positions = right_aligned_positions(items.shape[1], self.positions.num_embeddings, items.device)
         return self.dropout(self.norm(self.items(items) + self.positions(positions)))
+
+
+def right_aligned_positions(width: int, max_len: int, device: torch.device) -> torch.Tensor:
+    """Position indices of a left-padded window of ``width`` columns: the newest item gets ``max_len - 1``.
+
+    Counting from the right makes a trimmed window (leading padding columns dropped) see exactly the position
+    embeddings of the full ``max_len`` window at every real item; at ``width == max_len`` it is ``0..max_len-1``.
+    """
+    if width > max_len:
+        raise ValueError(f"a window of {width} items exceeds max_len={max_len}")
+    return torch.arange(max_len - width, max_len, device=device)
 
 
 class TokenMixer(nn.Module):
@@ -173,3 +185,13 @@ class TransformerEncoder(nn.Module):
         for block in self.blocks:
             x = block(x, valid)
         return self.final_norm(x) * valid.unsqueeze(-1)
+
+
+def next_item_query(items: torch.Tensor, mask_token: int, max_len: int) -> torch.Tensor:
+    """The window a cloze model reads to ask "what comes next?": the mask token at the newest position.
+
+    The oldest column is dropped only when the window would outgrow ``max_len``; a trimmed window (narrower than
+    ``max_len``) keeps all its items, as the column a full window drops is padding in every row of a trimmed batch.
+    """
+    mask = torch.full_like(items[:, :1], mask_token)
+    return torch.cat([items, mask], dim=1)[:, -max_len:]

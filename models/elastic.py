@@ -27,7 +27,9 @@ Choices on the spec's gaps:
    (⌈n/stride⌉, stride·d) → Linear(stride·d, d) → self-attention with residual + LayerNorm] until the
    length is one; each level has its own weights; the number of levels is fixed by ``max_len``.
    Left-padding keeps the newest items aligned at the right end, so **max_len need not be divisible by
-   the pool size** (no such constraint is declared). Self-attention is bidirectional, ``num_heads`` heads.
+   the pool size** (no such constraint is declared), and a trimmed window (leading all-padding columns
+   dropped by the trainer) forms the same groups as the full one: a missing group is an all-padding group.
+   Self-attention is bidirectional, ``num_heads`` heads.
    Its first level attends over N/stride tokens: O(N²/stride²), the one super-linear term (at N = 256,
    stride 4: 64² = 4,096 scores, versus N·k = 2,048 per LDA layer).
 7. **Block structure** (post-LN, as the repo's SASRec): P ← LN(P + drop(Aggregate(P, X))),

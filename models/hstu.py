@@ -7,8 +7,9 @@ One HSTU layer, as in the paper's equations (1)-(3), with a pre-norm residual as
     X          = X + f2(drop(Norm(A(X)V) ⊙ U))
 
 Choices the paper leaves open, taken from its reference implementation (``generative-recommenders``):
-- ``N`` is the window length (the padded length the reference divides by), so a score does not depend on how
-  many of the keys are real items; padded keys and future keys are zeroed after the SiLU.
+- ``N`` is the configured window ``max_len`` (the padded length the reference divides by), so a score does not
+  depend on how many of the keys are real items nor on a batch trimmed of its padding columns; padded keys and
+  future keys are zeroed after the SiLU. Positions count from the newest item (``right_aligned_positions``).
 - ``f1`` has no bias; ``Norm`` is a LayerNorm without learned scale over each head's ``dv`` values; the input
   LayerNorm and ``Norm`` use eps 1e-6. Embedding: item × √d + learned absolute position, then dropout.
 - rab_p is a learned scalar per relative distance (i − j), shared by the heads, as the reference's
@@ -33,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.base import ModelConfig, SeqRecModel, init_weights, positive, probability
-from models.blocks import ItemEmbedding, TokenMixer
+from models.blocks import ItemEmbedding, TokenMixer, right_aligned_positions
 from models.registry import register
 
 
@@ -75,7 +76,8 @@ class PointwiseAttention(TokenMixer):
         allowed = valid[:, None, None, :]
         if self.causal:
             allowed = allowed & torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
-        weights = (F.silu(q @ k.transpose(-1, -2) + bias) / length) * allowed
+        # / N with N = max_len, the configured window (not the batch's width), so a trimmed batch computes the same
+        weights = (F.silu(q @ k.transpose(-1, -2) + bias) / self.max_len) * allowed
         mixed = F.layer_norm(weights @ v, (dv,), eps=1e-6)  # Norm(A(X)V), per head
         gated = mixed.transpose(1, 2).reshape(batch, length, heads * dv) * u
         return self.out(self.dropout(gated))
@@ -112,7 +114,7 @@ class HSTU(SeqRecModel):
 
     def forward(self, items: torch.Tensor) -> torch.Tensor:
         valid = items > 0
-        positions = torch.arange(items.shape[1], device=items.device)
+        positions = right_aligned_positions(items.shape[1], self.config.max_len, items.device)
         scaled_items = self.embedding.items(items) * math.sqrt(self.config.hidden_size)
         embedded = scaled_items + self.embedding.positions(positions)
         x = self.embedding.dropout(embedded) * valid.unsqueeze(-1)

@@ -53,7 +53,7 @@ from torch import nn
 
 import kernels
 from models.base import ACTIVATIONS, ModelConfig, SeqRecModel, heads, init_weights, one_of, positive, probability
-from models.blocks import ItemEmbedding, TransformerBlock, TransformerEncoder
+from models.blocks import ItemEmbedding, TransformerBlock, TransformerEncoder, next_item_query
 from models.mixers import LinearAttentionMixer, row_l2, zero_padding
 from models.registry import register
 
@@ -144,9 +144,8 @@ class LinRec(SeqRecModel):
     def last_hidden(self, items: torch.Tensor) -> torch.Tensor:
         if not self.config.cloze:
             return super().last_hidden(items)
-        # as BERT4Rec: drop the oldest item and ask for the next one through the mask token
-        mask = torch.full_like(items[:, :1], self.mask_token)
-        return self.forward(torch.cat([items[:, 1:], mask], dim=1))[:, -1]
+        # as BERT4Rec: ask for the next item through the mask token at the newest position
+        return self.forward(next_item_query(items, self.mask_token, self.config.max_len))[:, -1]
 
     def item_weights(self) -> torch.Tensor:
         return self.embedding.items.weight[: self.config.num_items + 1]  # the mask token is never ranked

@@ -55,7 +55,7 @@ from torch import nn
 
 from kernels import causal_histogram_attention
 from models.base import ModelConfig, SeqRecModel, knob, one_of, positive, probability
-from models.blocks import FeedForward
+from models.blocks import FeedForward, right_aligned_positions
 from models.registry import register
 
 VARIANTS = ("base", "soft", "mini")
@@ -201,7 +201,7 @@ class LISA(SeqRecModel):
             # the code's auxiliary loss: pull embeddings toward their (fixed) soft reconstructions
             error = (embedded - quantized.vectors.detach()).pow(2).sum(-1)
             self.record_aux_loss(self.config.aux_weight * error[valid].sum() / valid.sum().clamp(min=1))
-        positions = torch.arange(items.shape[1], device=items.device)
+        positions = right_aligned_positions(items.shape[1], self.config.max_len, items.device)
         x = self.dropout(quantized.vectors + self.positions(positions))
         x = self.norm_attn(x + self.dropout(mixed))
         x = self.norm_ffn(x + self.dropout(self.ffn(x)))

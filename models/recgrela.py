@@ -25,6 +25,11 @@ Two forms, chosen by ``causal`` (recorded in the result row's config and as ``ex
   ``causal`` objective (every position at once). This form is not in the paper. With no positional
   embedding, zeroed pads and relative RoPE, its outputs at real items do not depend on how much left
   padding a window has.
+- Trimmed windows (the trainer drops the leading columns that are padding in every row of a batch): the
+  causal form computes on the narrower window, since RoPE is relative (⟨R_t q, R_s k⟩ depends on s - t
+  only) and the conv sees zeros before the first real item either way; only the rounding of the rotation
+  angles differs. The paper's form includes the pads in its sums, so it pads a trimmed window back to
+  ``max_len`` and spends the same compute as before: its results stay exactly the full-window ones.
 
 Choices stated explicitly:
 - The local shortcut's conv sees zeros, not pad embeddings, before the first real item: padded V rows
@@ -145,11 +150,16 @@ class RecGRELA(SeqRecModel):
         self.apply(init_weights)
 
     def forward(self, items: torch.Tensor) -> torch.Tensor:
+        width = items.shape[1]
+        if not self.config.causal and width < self.config.max_len:
+            # the paper's form sums over every position of the window, padding included: its outputs depend on the
+            # amount of padding, so a trimmed window (module notes) is restored to the full width first
+            items = F.pad(items, (self.config.max_len - width, 0))
         valid = items > 0
         h = self.embedding_norm(self.embedding_dropout(self.items(items)))
         for block in self.blocks:
             h = block(h, valid)
-        return h * valid.unsqueeze(-1)
+        return (h * valid.unsqueeze(-1))[:, -width:]
 
     def item_weights(self) -> torch.Tensor:
         return self.items.weight

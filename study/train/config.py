@@ -51,6 +51,9 @@ class TrainConfig:
     num_threads: int = 0  # 0 = leave torch's default; Ray trials set it to their CPU share
     eval_batch_size: int = 256
     measure_efficiency: bool = True
+    # drop the leading columns that are padding in every row of a batch (training, evaluation, latency): the same
+    # results at real items, less compute; False runs full max_len windows, for the equality test and debugging
+    trim_padding: bool = True
 
     def constraint_errors(self) -> list[tuple[str, str]]:
         errors = []

@@ -1,7 +1,9 @@
 """What an epoch will cost, said before the first one starts: windows, steps, tokens, and one measured step.
 
-The estimate times real training steps of a throw-away copy of the model on the epoch's first batch, with the
-global RNG state saved and restored, so measuring never changes what the trial then learns.
+The estimate times real training steps of a throw-away copy of the model on one of the epoch's batches, with the
+global RNG state saved and restored, so measuring never changes what the trial then learns. With
+``trim_padding`` a batch computes only the columns from its longest real window on (:mod:`study.train.padding`):
+the line then says how many positions that leaves, and times a full-size batch of median trimmed width.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from study.train.objectives import computed_positions
 from study.train.step import TrainStep
 
 PADDING_HINT = 0.5  # above this share of padded positions, the line suggests a shorter max_len
@@ -24,6 +27,7 @@ class EpochCost:
     steps: int
     tokens: int  # input positions processed, padding included
     real_tokens: int  # input positions that hold an item
+    computed_tokens: int  # input positions the model computes: ``tokens`` less the trimmed padding columns
     step_s: float  # median time of one measured step on a full batch
     max_len: int
     median_length: float  # the dataset's median sequence length
@@ -36,12 +40,19 @@ class EpochCost:
     def padding(self) -> float:
         return 1.0 - self.real_tokens / self.tokens if self.tokens else 0.0
 
+    @property
+    def computed_padding(self) -> float:
+        return 1.0 - self.real_tokens / self.computed_tokens if self.computed_tokens else 0.0
+
     def line(self, max_epochs: int) -> str:
+        trimmed = ""
+        if self.computed_tokens < self.tokens:
+            trimmed = f", {_si(self.computed_tokens)} computed after trimming ({self.computed_padding:.0%} padding)"
         text = (f"cost estimate: {self.windows:,} windows/epoch in {self.steps:,} steps, "
-                f"{_si(self.tokens)} tokens ({self.padding:.0%} padding); one step {self.step_s * 1e3:.0f} ms "
+                f"{_si(self.tokens)} tokens ({self.padding:.0%} padding){trimmed}; one step {self.step_s * 1e3:.0f} ms "
                 f"-> ~{_duration(self.epoch_s)}/epoch, at most ~{_duration(self.epoch_s * max_epochs)} for "
                 f"{max_epochs} epochs")
-        if self.padding > PADDING_HINT:
+        if self.computed_padding > PADDING_HINT:
             text += (f"; most positions are padding: max_len {self.max_len} vs a median length of "
                      f"{self.median_length:g}")
         return text
@@ -53,7 +64,11 @@ def estimate_epoch(step: TrainStep, batches: list[tuple[np.ndarray, torch.Tensor
     windows = sum(len(batch) for batch, _ in batches)
     tokens = sum(batch[:, :-1].size for batch, _ in batches)
     real = sum(int(np.count_nonzero(batch[:, :-1])) for batch, _ in batches)
-    largest, users = max(batches, key=lambda pair: len(pair[0]))
+    computed = [computed_positions(step.objective, batch, step.train.trim_padding) for batch, _ in batches]
+    full_size = max(len(batch) for batch, _ in batches)
+    by_cost = sorted((cost, index) for index, (cost, (batch, _)) in enumerate(zip(computed, batches))
+                     if len(batch) == full_size)
+    largest, users = batches[by_cost[len(by_cost) // 2][1]]  # a full-size batch of median trimmed width
     cpu_state = torch.get_rng_state()
     cuda_state = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
     try:
@@ -70,7 +85,8 @@ def estimate_epoch(step: TrainStep, batches: list[tuple[np.ndarray, torch.Tensor
         if cuda_state is not None:
             torch.cuda.set_rng_state_all(cuda_state)
     return EpochCost(windows=windows, steps=len(batches), tokens=tokens, real_tokens=real,
-                     step_s=float(np.median(timings)), max_len=largest.shape[1] - 1, median_length=median_length)
+                     computed_tokens=sum(computed), step_s=float(np.median(timings)), max_len=largest.shape[1] - 1,
+                     median_length=median_length)
 
 
 def _si(count: float) -> str:

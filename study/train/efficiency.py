@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from models import SeqRecModel
+from study.train.padding import trim_padding
 
 CUDA_METHOD = "cuda max_memory_allocated, one training step"
 CPU_METHOD = "fresh process VmHWM - baseline RSS, one training step"
@@ -130,15 +131,17 @@ def peak_train_memory_mb(model_name: str, model_hparams: dict, train_settings: d
 @torch.no_grad()
 def inference_latency_ms(model: SeqRecModel, inputs: np.ndarray, device: torch.device, *, batch_users: int = 256,
                          warmup: int = 3, repeats: int = 20, top_k: int = 20,
-                         users: np.ndarray | None = None) -> tuple[float, float]:
+                         users: np.ndarray | None = None, trim: bool = True) -> tuple[float, float]:
     """p50 and p95 milliseconds to recommend the top-k of all items for one batch of users.
 
     The batch is real users' inputs; timing covers the encoder, the full scoring matmul and top-k,
-    i.e. what serving one batch costs.
+    i.e. what serving one batch costs. ``trim`` serves the batch without its all-padding leading columns, as the
+    evaluator does (:mod:`study.train.padding`).
     """
     was_training = model.training
     model.eval()
-    batch = torch.as_tensor(inputs[:batch_users], dtype=torch.long, device=device)
+    batch = inputs[:batch_users]
+    batch = torch.as_tensor(trim_padding(batch) if trim else batch, dtype=torch.long, device=device)
     # the trainer passes each row's user for models that read user ids (FPMC); without them FPMC serves its
     # Markov-chain term, whose cost is the same up to one (B, d) lookup
     user_kwargs = {} if users is None else model.user_inputs(torch.as_tensor(users[:batch_users], device=device))

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from study.train.config import METRIC_KS
+from study.train.padding import trim_padding
 
 METRIC_NAMES = ("hr", "ndcg", "mrr")
 
@@ -112,10 +113,11 @@ class NonFiniteScores(FloatingPointError):
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, split: EvalSplit, *, batch_size: int = 256, device: torch.device,
              mask_history: bool = False, negatives: np.ndarray | None = None,
-             ks: tuple[int, ...] = METRIC_KS, strict: bool = False) -> dict[str, float]:
+             ks: tuple[int, ...] = METRIC_KS, strict: bool = False, trim: bool = True) -> dict[str, float]:
     """Rank each user's target with ``model``; full ranking unless ``negatives`` (U, n) are given.
 
-    Non-finite target scores rank last; with ``strict`` they raise :class:`NonFiniteScores` instead.
+    Non-finite target scores rank last; with ``strict`` they raise :class:`NonFiniteScores` instead. ``trim``
+    drops each batch's all-padding leading columns before the model reads it (:mod:`study.train.padding`).
     """
     was_training = model.training
     model.eval()
@@ -124,7 +126,8 @@ def evaluate(model: torch.nn.Module, split: EvalSplit, *, batch_size: int = 256,
     ranks, nonfinite = [], []
     for start in range(0, len(split.targets), batch_size):
         rows = np.arange(start, min(start + batch_size, len(split.targets)))
-        inputs = torch.as_tensor(split.inputs[rows], dtype=torch.long, device=device)
+        inputs = split.inputs[rows]
+        inputs = torch.as_tensor(trim_padding(inputs) if trim else inputs, dtype=torch.long, device=device)
         targets = torch.as_tensor(split.targets[rows], dtype=torch.long, device=device)
         # split rows are users 0..U-1 in order (study.data), so a row number is the user id models may ask for;
         # any module with ``last_hidden`` and ``item_weights`` can be evaluated, so needs_users is read softly

@@ -45,7 +45,8 @@ class TrainStep:
                  users: torch.Tensor | None = None) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
         loss = objective_loss(self.objective, self.model, windows, mask_prob=self.train.mask_prob,
-                              generator=self.generator, users=users, sampler=self.sampler)
+                              generator=self.generator, users=users, sampler=self.sampler,
+                              trim=self.train.trim_padding)
         if check_finite and not torch.isfinite(loss):
             raise NonFiniteLoss(f"non-finite training loss {loss.item()}")
         loss.backward()

@@ -187,7 +187,8 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
         split = data.valid if split_name == "valid" else data.test
         # strict: a model that scores targets NaN/inf fails the trial; such an epoch is never selected nor reported
         return evaluate(model, split, batch_size=train_cfg.eval_batch_size, device=device,
-                        mask_history=train_cfg.mask_history, negatives=negatives.get(split_name), strict=True)
+                        mask_history=train_cfg.mask_history, negatives=negatives.get(split_name), strict=True,
+                        trim=train_cfg.trim_padding)
 
     best_valid: dict[str, float] = {}
     best_test: dict[str, float] = {}
@@ -200,13 +201,13 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
         steps_per_epoch = cost.steps
     bar = _progress_bar(train_cfg.max_epochs, steps_per_epoch, model_name, progress)
     interrupted = False
-    for epoch in range(1, train_cfg.max_epochs + 1):
-        epoch_start = time.perf_counter()
-        model.train()
-        users = train_batches(epoch) if train_batches else user_batches(data.train, train_cfg.batch_size, rng)
-        total_loss, sequences, steps = 0.0, 0, 0
-        finished = (best_valid, best_test, best_epoch, best_state, epochs_without_gain)
-        try:
+    finished = (best_valid, best_test, best_epoch, best_state, epochs_without_gain)  # as of the last full epoch
+    try:
+        for epoch in range(1, train_cfg.max_epochs + 1):
+            epoch_start = time.perf_counter()
+            model.train()
+            users = train_batches(epoch) if train_batches else user_batches(data.train, train_cfg.batch_size, rng)
+            total_loss, sequences, steps = 0.0, 0, 0
             for windows, window_users in epoch_windows(data, users, objective, train_cfg, rng):
                 batch = torch.as_tensor(windows, dtype=torch.long, device=device)
                 batch_users = batch_user_ids(model, window_users, device)
@@ -230,31 +231,31 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
                 best_state = copy.deepcopy(model.state_dict())
             else:
                 epochs_without_gain += 1
-        except KeyboardInterrupt:
-            if not progress:  # inside a sweep, Ray owns the signal
-                raise
-            # Ctrl-C anywhere in an epoch (training or its evaluation): drop that epoch, keep the finished ones
-            best_valid, best_test, best_epoch, best_state, epochs_without_gain = finished
-            interrupted = True
-            break
-        epoch_time = time.perf_counter() - epoch_start
-        epoch_times.append(epoch_time)
-        throughputs.append(sequences / train_time if train_time > 0 else float("nan"))
-        report = EpochReport(epoch=epoch, train_loss=total_loss / max(steps, 1), valid=valid, best_epoch=best_epoch,
-                             best_valid=best_valid, best_test=best_test, epoch_time_s=epoch_time,
-                             train_time_s=train_time, throughput=throughputs[-1],
-                             wall_time_s=time.perf_counter() - started, extra=model.stats())
-        reports.append(report)
-        if not steps_per_epoch:
-            bar.update(1)
-        bar.set_postfix(epoch=epoch, loss=f"{report.train_loss:.3f}", ndcg10=f"{valid[SELECTION_METRIC]:.4f}",
-                        best=f"{best_valid[SELECTION_METRIC]:.4f}@{best_epoch}")
-        if callback is not None:
-            callback(report)
-        if train_cfg.patience and epochs_without_gain >= train_cfg.patience:
-            break
-        if train_cfg.time_budget_s and time.perf_counter() - started >= train_cfg.time_budget_s:
-            break
+            epoch_time = time.perf_counter() - epoch_start
+            epoch_times.append(epoch_time)
+            throughputs.append(sequences / train_time if train_time > 0 else float("nan"))
+            report = EpochReport(epoch=epoch, train_loss=total_loss / max(steps, 1), valid=valid, best_epoch=best_epoch,
+                                 best_valid=best_valid, best_test=best_test, epoch_time_s=epoch_time,
+                                 train_time_s=train_time, throughput=throughputs[-1],
+                                 wall_time_s=time.perf_counter() - started, extra=model.stats())
+            reports.append(report)
+            finished = (best_valid, best_test, best_epoch, best_state, epochs_without_gain)
+            if not steps_per_epoch:
+                bar.update(1)
+            bar.set_postfix(epoch=epoch, loss=f"{report.train_loss:.3f}", ndcg10=f"{valid[SELECTION_METRIC]:.4f}",
+                            best=f"{best_valid[SELECTION_METRIC]:.4f}@{best_epoch}")
+            if callback is not None:
+                callback(report)
+            if train_cfg.patience and epochs_without_gain >= train_cfg.patience:
+                break
+            if train_cfg.time_budget_s and time.perf_counter() - started >= train_cfg.time_budget_s:
+                break
+    except KeyboardInterrupt:
+        if not progress:  # inside a sweep, Ray owns the signal
+            raise
+        # Ctrl-C anywhere in an epoch (training, evaluation, reporting): drop that epoch, keep the finished ones
+        best_valid, best_test, best_epoch, best_state, epochs_without_gain = finished
+        interrupted = True
     bar.close()
     if interrupted and best_state is None:
         raise KeyboardInterrupt
@@ -310,7 +311,8 @@ def efficiency_figures(model_name: str, model_hparams: dict, train_cfg: TrainCon
     except RuntimeError as error:
         peak_mb, method = float("nan"), f"failed: {error}"
     test_users = np.arange(len(data.test.inputs)) if model.needs_users else None  # split rows are users 0..U-1
-    p50, p95 = efficiency.inference_latency_ms(model, data.test.inputs, device, users=test_users)
+    p50, p95 = efficiency.inference_latency_ms(model, data.test.inputs, device, users=test_users,
+                                               trim=train_cfg.trim_padding)
     return {"peak_mem_mb": peak_mb, "peak_mem_method": method, "infer_ms_p50": p50, "infer_ms_p95": p95}
 
 

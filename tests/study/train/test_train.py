@@ -177,8 +177,9 @@ def test_cli_says_the_cost_then_ctrl_c_keeps_the_finished_epochs(shared_datasets
     while "epoch=1" not in "".join(errors) and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     process.send_signal(signal.SIGINT)
-    out, _ = process.communicate(timeout=300)
-    reader.join(timeout=10)
+    process.wait(timeout=300)  # not communicate(): it would read stderr too, racing the reader thread
+    out = process.stdout.read()
+    reader.join(timeout=30)
     stderr = "".join(errors)
     assert process.returncode == 130, stderr[-2000:]
     assert "cost estimate: 1,090 windows/epoch in 9 steps" in stderr
