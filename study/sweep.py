@@ -62,9 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    # the first line comes before torch, the dataset and Ray, which take seconds on a busy machine
-    print(f"study.sweep: validating {args.study}" + ("" if args.dry_run else
-          ", then preparing its dataset and starting Ray"), file=sys.stderr, flush=True)
+    if not args.dry_run:  # (a dry run's stderr is its verdict alone: `# valid: …` or the error lines)
+        # the first line comes before torch, the dataset and Ray, which take seconds on a busy machine
+        print(f"study.sweep: validating {args.study}, then preparing its dataset and starting Ray", file=sys.stderr,
+              flush=True)
     choose_auth_mode(args.address)
     from models import ConfigError
     from study.spec.sweep import load_study
