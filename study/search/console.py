@@ -13,6 +13,7 @@ terminal's width; the full figures are in ``trials.parquet`` / ``history.parquet
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 WIDTH = 120
@@ -65,16 +66,21 @@ class StatusReporter:
     """
 
     def __init__(self, objectives: dict[str, tuple[str, str]], keys: list[str], every_s: float = 30.0,
-                 print_fn: Any = print) -> None:
+                 print_fn: Callable[[str], Any] | None = None) -> None:
         self.objectives, self.keys, self.every_s = objectives, list(keys), every_s
         self.short = abbreviations(self.keys)
-        self._print = print_fn
+        # None = the print of the moment: Tune pickles the reporter with the experiment, and a stored builtin
+        # print fails to pickle once a library has wrapped it
+        self._print_fn = print_fn
         self._start = time.time()
         self._total: int | None = None
         self._finished: set[str] = set()
         self._last_counts: tuple | None = None
         self._last_time = 0.0
         self._legend_shown = False
+
+    def _print(self, line: str) -> None:
+        (self._print_fn or print)(line)
 
     # the ProgressReporter interface (duck-typed: Tune calls these three)
     def setup(self, start_time: float | None = None, total_samples: int | None = None, metric: str | None = None,
