@@ -96,7 +96,8 @@ def choose_auth_mode(address: str) -> None:
     its own cluster then demands. ``RAY_AUTH_MODE=disabled`` in the environment still opts out; a joined cluster
     keeps its own mode.
     """
-    if address == LOCAL:
+    # once Ray is imported (a test or a notebook calling a command's main) the mode is Ray's to choose, as above
+    if address == LOCAL and "ray" not in sys.modules:
         os.environ.setdefault("RAY_AUTH_MODE", "token")
 
 
