@@ -5,7 +5,8 @@ terminal's width; the full figures are in ``trials.parquet`` / ``history.parquet
 (a Tune ``ProgressReporter``) prints instead
 
 * once: the searched keys' abbreviations (``keys: hs=hidden_size, nl=num_layers``), when any key is abbreviated;
-* a line per trial when it ends: its id, outcome, epochs and objectives, and its searched values;
+* a line per trial when it ends: its id, outcome, epochs and objectives, and its searched values (and its
+  seed, when the trial's config sets one: a replicate);
 * a status line at most every ``every_s`` seconds while something changed: elapsed time, trial counts by state,
   the best objective so far.
 """
@@ -124,7 +125,10 @@ class StatusReporter:
             if key in result:
                 parts.append(f"{name} {format_value(result[key])}")
         config = getattr(trial, "config", None) or {}
-        values = " ".join(f"{self.short[k]}={format_value(config[k])}" for k in self.keys if k in config)
+        shown = dict(self.short)
+        if "seed" in config:  # a replicate's trial differs from its source by the seed alone
+            shown.setdefault("seed", "seed")
+        values = " ".join(f"{name}={format_value(config[key])}" for key, name in shown.items() if key in config)
         return fit("  ".join(parts) + (f" | {values}" if values else ""))
 
     def status_line(self, trials: list[Any], now: float) -> str:

@@ -41,6 +41,8 @@ def test_reporter_prints_a_legend_a_line_per_finished_trial_and_a_status_line():
     assert lines[5].endswith("trials 3/3: 0 running, 0 pending, 2 done, 1 failed | best valid_ndcg@10 0.3 (c)")
     reporter.report(finished, True)
     assert len(lines) == 7  # finished trials are announced once; the final status is repeated only when done
+    replicate = SimpleNamespace(trial_id="r", status="TERMINATED", last_result={}, config={"lr": 0.5, "seed": 3})
+    assert reporter.trial_line(replicate) == "trial r done   | lr=0.5 seed=3"
 
 
 def _run(argv: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
