@@ -88,6 +88,32 @@ def runtime_env(address: str) -> dict[str, Any]:
     return env
 
 
+def choose_auth_mode(address: str) -> None:
+    """Token authentication for a local Ray, chosen explicitly; call before Ray is imported.
+
+    It is Ray's default since 2.59, which Ray otherwise announces with a warning at every start. Ray reads
+    ``RAY_AUTH_MODE`` once, when it is imported, so setting it later would leave this process without the token
+    its own cluster then demands. ``RAY_AUTH_MODE=disabled`` in the environment still opts out; a joined cluster
+    keeps its own mode.
+    """
+    # once Ray is imported (a test or a notebook calling a command's main) the mode is Ray's to choose, as above
+    if address == LOCAL and "ray" not in sys.modules:
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
+
+
+def dashboard_port(host: str = DASHBOARD_HOST) -> int:
+    """8265, Ray's usual dashboard port, unless another Ray on this machine holds it: then a free one."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, DASHBOARD_PORT))
+            return DASHBOARD_PORT
+        except OSError:
+            probe.bind((host, 0))
+            return int(probe.getsockname()[1])
+
+
 def start_ray(address: str = LOCAL, *, dashboard: bool = False, num_cpus: int | None = None,
               quiet: bool = False) -> bool:
     """Start (``local``) or join Ray; returns whether this call connected (and so must call ``ray.shutdown``)."""
@@ -101,7 +127,7 @@ def start_ray(address: str = LOCAL, *, dashboard: bool = False, num_cpus: int | 
     if address == LOCAL:
         kwargs.update(address=LOCAL, num_cpus=num_cpus, include_dashboard=dashboard)
         if dashboard:  # never 0.0.0.0: the dashboard runs code on the cluster for whoever reaches it
-            kwargs.update(dashboard_host=DASHBOARD_HOST, dashboard_port=DASHBOARD_PORT)
+            kwargs.update(dashboard_host=DASHBOARD_HOST, dashboard_port=dashboard_port())
     else:
         if num_cpus is not None:
             raise UserError("--num-cpus sizes a local Ray only; an existing cluster has the CPUs its nodes declare")
@@ -126,17 +152,17 @@ def start_ray(address: str = LOCAL, *, dashboard: bool = False, num_cpus: int | 
 
 
 def _print_dashboard(context: Any, address: str) -> None:
+    from study.search.dashboards import ray_dashboard_line
+
     url = getattr(context, "dashboard_url", None)
     if not url:
-        print("the Ray dashboard is not running (it needs ray[default])", file=sys.stderr)
+        print("Ray dashboard: not running (it needs ray[default])", file=sys.stderr)
         return
-    print(f"Ray dashboard: http://{url}", file=sys.stderr)
+    # Ray sets RAY_AUTH_MODE=token in this process when it found the cluster's token
+    print(ray_dashboard_line(url, os.environ.get("RAY_AUTH_MODE", "").lower() == "token"), file=sys.stderr)
     if is_remote(address) and not url.startswith(("127.0.0.1", "localhost")):
         print("  it listens beyond loopback: reach it through `ssh -L 8265:localhost:8265 HEAD` or `kubectl "
               "port-forward`, never expose it publicly (it runs code for whoever reaches it)", file=sys.stderr)
-    if os.environ.get("RAY_AUTH_MODE", "token").lower() == "token":
-        print("  token authentication is on: the dashboard asks for the token; print it with "
-              "`ray get-auth-token` (kept in ~/.ray/auth_token)", file=sys.stderr)
 
 
 def check_fits(cpu: float, gpu: float, workers: int = 1, what: str = "trial") -> int:

@@ -29,34 +29,17 @@ import datetime
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-
-from study.analysis import pareto
-from study.analysis.runs import (
-    PLAN_FILE,
-    RECORDS_DIR,
-    REPLICATES_CSV_FILE,
-    REPLICATES_DIR,
-    REPLICATES_FILE,
-    SEED_KEYS,
-    STUDY_FILE,
-    TRIALS_FILE,
-    assign_labels,
-    check_metrics,
-    check_objectives,
-    collect_runs,
-    config_id,
-    load_results,
-    name_configs,
-    parse_config,
-    selection_metric,
-)
-from study.analysis.tables import aggregate, plain_value
-from study.cluster import add_address_argument
+from study.cluster import add_address_argument, choose_auth_mode
 from study.errors import UserError, print_error
 from study.storage import Mirror, local_copy
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# pandas, torch (through study.analysis) and Ray are imported inside the functions, so that the command's first
+# line comes out at once
 
 
 def parse_select(text: str) -> tuple[str, int]:
@@ -72,6 +55,20 @@ def parse_select(text: str) -> tuple[str, int]:
 def select_configurations(path: str | Path, select: str, objectives: dict[str, str],
                           select_metric: str | None = None) -> pd.DataFrame:
     """The sweep configurations to replicate, best first, with ``source_trial_id`` and the searched point."""
+    import pandas as pd
+
+    from study.analysis import pareto
+    from study.analysis.runs import (
+        assign_labels,
+        check_metrics,
+        check_objectives,
+        collect_runs,
+        load_results,
+        name_configs,
+        selection_metric,
+    )
+    from study.analysis.tables import aggregate
+
     kind, count = parse_select(select)
     check_objectives(objectives)
     metric = selection_metric(objectives, select_metric)
@@ -91,6 +88,7 @@ def select_configurations(path: str | Path, select: str, objectives: dict[str, s
 
 def _trial_point(results_path: Path, trials: pd.DataFrame, trial_id: str, searched: list[str]) -> dict[str, Any]:
     """The config Tune gave the source trial (its searched values), from its record, else from its row."""
+    from study.analysis.runs import RECORDS_DIR, parse_config
     from study.search.recorder import record_path
 
     record = record_path(results_path / RECORDS_DIR, trial_id)
@@ -106,6 +104,8 @@ def _trial_point(results_path: Path, trials: pd.DataFrame, trial_id: str, search
 
 def plan_replicates(path: str | Path, selected: pd.DataFrame, seeds: int, first_seed: int) -> list[dict[str, Any]]:
     """One entry per (configuration, new seed) not replicated yet: source trial, config id, seed, trial config."""
+    from study.analysis.runs import SEED_KEYS, load_results
+
     if seeds < 1:
         raise UserError(f"--seeds must be >= 1, got {seeds}")
     if first_seed < 0:
@@ -138,12 +138,17 @@ def plan_replicates(path: str | Path, selected: pd.DataFrame, seeds: int, first_
 
 
 def _batches(path: Path) -> list[Path]:
+    from study.analysis.runs import REPLICATES_DIR
+
     root = path / REPLICATES_DIR
     return sorted(p for p in root.iterdir() if p.is_dir() and p.name.isdigit()) if root.is_dir() else []
 
 
 def merge_batch(path: Path, batch: Path, plan: list[dict[str, Any]]) -> pd.DataFrame:
     """Link a batch's trial rows to their source trials and rewrite ``replicates.parquet`` with them."""
+    import pandas as pd
+
+    from study.analysis.runs import REPLICATES_CSV_FILE, REPLICATES_FILE, TRIALS_FILE, config_id
     from study.search.recorder import atomic_write
 
     rows = pd.read_parquet(batch / TRIALS_FILE) if (batch / TRIALS_FILE).is_file() else pd.DataFrame()
@@ -172,6 +177,10 @@ def replicate(path: str | Path, *, seeds: int, select: str, objectives: dict[str
               select_metric: str | None = None, first_seed: int = 1, dry_run: bool = False, resume: bool = False,
               num_cpus: int | None = None, address: str = "local", quiet: bool = False) -> dict[str, Any]:
     """Select, plan and run replicates of the study in ``path``; returns the plan, the batch folder and the rows."""
+    import pandas as pd
+
+    from study.analysis import pareto
+    from study.analysis.runs import PLAN_FILE, REPLICATES_DIR, STUDY_FILE
     from study.spec.sweep import load_study
 
     path = local_copy(path)
@@ -212,6 +221,11 @@ def replicate(path: str | Path, *, seeds: int, select: str, objectives: dict[str
 
 def describe(plan: list[dict[str, Any]]) -> str:
     """The plan in words, one line per configuration; values as the report shows them (plan.json keeps them all)."""
+    import pandas as pd
+
+    from study.analysis.runs import SEED_KEYS
+    from study.analysis.tables import plain_value
+
     if not plan:
         return "nothing to replicate: every selected configuration already has these seeds"
     frame = pd.DataFrame(plan)
@@ -225,6 +239,8 @@ def describe(plan: list[dict[str, Any]]) -> str:
 
 
 def summarise(replicates: pd.DataFrame, batch: Path, metric: str) -> str:
+    from study.analysis.runs import REPLICATES_FILE
+
     rows = replicates[replicates["replicate_batch"].astype(str) == batch.name]
     failed = rows[rows["status"] != "ok"]
     lines = [f"{len(rows) - len(failed)} replicate(s) ok, {len(failed)} failed; in {batch}"]
@@ -254,8 +270,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--first-seed", type=int, default=1,
                         help="seeds are FIRST … FIRST+seeds−1 (default %(default)s); keep it equal across the "
                              "studies you compare so that their runs pair seed by seed")
-    parser.add_argument("--objectives", default=pareto.format_objectives(pareto.DEFAULT_OBJECTIVES),
-                        help="objectives of --select pareto (default %(default)s)")
+    parser.add_argument("--objectives", default=None,
+                        help="objectives of --select pareto, as METRIC:max|min,… (default: "
+                             "study.analysis.pareto.DEFAULT_OBJECTIVES, valid_ndcg@10:max,peak_mem_mb:min,"
+                             "infer_ms_p50:min)")
     parser.add_argument("--select-metric", help="validation metric of top:N (default: the first valid_ objective)")
     parser.add_argument("--dry-run", action="store_true", help="print the planned replicates and exit")
     parser.add_argument("--resume", action="store_true", help="continue the last, interrupted batch")
@@ -266,13 +284,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from models import ConfigError
-
     args = build_parser().parse_args(argv)
+    if not args.dry_run:  # (a dry run prints its plan alone)
+        # the first line comes before pandas, torch and Ray, which take seconds on a busy machine
+        print(f"study.replicate: selecting configurations of {args.study}, then starting Ray", file=sys.stderr,
+              flush=True)
+    choose_auth_mode(args.address)
+    from models import ConfigError
+    from study.analysis import pareto
+    from study.analysis.runs import selection_metric
+
     try:
         if args.resume and args.dry_run:
             raise UserError("--resume and --dry-run exclude each other")
-        objectives = pareto.parse_objectives(args.objectives)
+        objectives = pareto.parse_objectives(args.objectives or pareto.format_objectives(pareto.DEFAULT_OBJECTIVES))
         outcome = replicate(args.study, seeds=args.seeds, select=args.select, objectives=objectives,
                             select_metric=args.select_metric, first_seed=args.first_seed, dry_run=args.dry_run,
                             resume=args.resume, num_cpus=args.num_cpus, address=args.address, quiet=args.quiet)

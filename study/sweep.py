@@ -11,13 +11,24 @@ is prepared, Ray starts, and :func:`study.search.runner.run_study` runs the tria
 from __future__ import annotations
 
 import argparse
-import os
 import sys
+from typing import Any
 
-from models import ConfigError
-from study.cluster import add_address_argument
+from study.cluster import add_address_argument, choose_auth_mode
 from study.errors import UserError, print_error
-from study.spec.sweep import SCHEMA_HELP, load_study
+
+# torch (through models and the spec) and Ray are imported inside main, after the first line is out
+
+
+class _HelpWithSchema(argparse._HelpAction):
+    """--help with the study file's schema as epilog, imported only when help is asked for (it imports torch)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        from study.spec.sweep import SCHEMA_HELP
+
+        parser.epilog = SCHEMA_HELP
+        super().__call__(parser, namespace, values, option_string)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,7 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m study.sweep",
         description="Run a hyperparameter study described by a YAML file: Optuna (TPE, multi-objective, grid) on "
                     "Ray Tune, ASHA on a validation metric, one record per trial in results/<study>/.",
-        epilog=SCHEMA_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+        formatter_class=argparse.RawDescriptionHelpFormatter, add_help=False)
+    parser.add_argument("-h", "--help", action=_HelpWithSchema, help="show this help message and the study file's "
+                                                                     "schema, and exit")
     parser.add_argument("study", help="the study YAML (see search_spaces/ and docs/sweep.md)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
                         help="override a field by its dotted path, e.g. --set budget.num_samples=2 "
@@ -37,8 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="continue an interrupted study in its storage folder: finished trials are kept, "
                              "unfinished ones rerun")
     parser.add_argument("--dashboard", action="store_true",
-                        help="start Ray with its dashboard on http://127.0.0.1:8265 (or use the cluster's) and "
-                             "print how to get the auth token")
+                        help="start Ray's dashboard on http://127.0.0.1:8265 (or use the cluster's) and "
+                             "optuna-dashboard on the study's optuna.db (127.0.0.1, a free port) while the "
+                             "sweep runs, and print both URLs (docs/sweep.md, \"Dashboards\")")
     add_address_argument(parser)
     parser.add_argument("--num-cpus", type=int, default=None,
                         help="CPUs the local Ray may use (default: all of this machine's)")
@@ -48,6 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if not args.dry_run:  # (a dry run's stderr is its verdict alone: `# valid: …` or the error lines)
+        # the first line comes before torch, the dataset and Ray, which take seconds on a busy machine
+        print(f"study.sweep: validating {args.study}, then preparing its dataset and starting Ray", file=sys.stderr,
+              flush=True)
+    choose_auth_mode(args.address)
+    from models import ConfigError
+    from study.spec.sweep import load_study
+
     try:
         if args.resume and args.dry_run:
             raise UserError("--resume and --dry-run exclude each other")
@@ -62,9 +84,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"# valid: checked {checked} {study.checked_points} search combination(s) against {study.model}'s "
                   f"constraints; results would go to {study.storage}{mirrored}", file=sys.stderr)
             return 0
-        # Tune's classic console table shows only the searched keys and objectives (see _progress_reporter);
-        # set before Ray is imported
-        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
         from study.search.runner import run_study  # imports Ray: only once the study is known to be valid
 
         outcome = run_study(study, resume=args.resume, dashboard=args.dashboard, address=args.address,

@@ -178,9 +178,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from models import ConfigError
+    from study.cluster import choose_auth_mode
 
     args = build_parser().parse_args(argv)
+    if not args.dry_run:  # (a dry run's stderr is its verdict alone: `# valid: …` or the error lines)
+        # the first line comes before torch, the dataset and Ray, which take seconds on a busy machine
+        print(f"study.scaling: validating {args.study}, then preparing its batches and starting Ray",
+              file=sys.stderr, flush=True)
+    choose_auth_mode(args.address)
+    from models import ConfigError
+
     try:
         study = load_scaling_study(args.study, args.overrides, check_machine=args.address == "local")
         if args.dry_run:

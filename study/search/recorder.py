@@ -28,6 +28,7 @@ from ray.tune import Callback
 
 from study.analysis import pareto
 from study.analysis.runs import RECORDS_DIR, table_paths
+from study.search.console import WIDTH, abbreviations, fit
 from study.storage import Mirror
 from study.train.config import TrainConfig, split_settings
 from study.train.results import json_safe, protocol_of
@@ -218,17 +219,31 @@ def summary(trials: pd.DataFrame, objectives: dict[str, str], searched: list[str
         else:
             best = pareto.pareto_front(ok, objectives)  # sorted best-first by the first objective
             lines.append(f"Pareto front over {', '.join(f'{m} ({d})' for m, d in objectives.items())}:")
+        short = abbreviations(searched)  # the console's names; trials.parquet has every column in full
         shown = ["trial_id", *metrics, "test_ndcg@10", "epochs_run", *[f"config.{k}" for k in searched]]
         table = best[[c for c in dict.fromkeys(shown) if c in best]].rename(
-            columns=lambda c: c.removeprefix("config."))
-        lines.append(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+            columns=lambda c: short.get(c.removeprefix("config."), c.removeprefix("config.")))
+        lines.append(table.to_string(index=False, float_format=lambda v: f"{v:.4g}", line_width=WIDTH))
+        legend = ", ".join(f"{name}={key}" for key, name in short.items() if name != key)
+        if legend:
+            lines.append(fit(f"keys: {legend}"))
         lines.append("(test_ metrics are those of each trial's best-validation epoch; never used for selection)")
     failed = trials[trials["status"] == STATUS_FAILED] if not trials.empty else trials
     for _, row in failed.head(top).iterrows():
-        lines.append(f"failed {row['trial_id']}: {str(row['error'])[:200]}")
-    lines.append("files:")
-    lines += [f"  {path}" for path in paths.values()]
+        lines.append(fit(f"failed {row['trial_id']}: {str(row['error']).splitlines()[0] if row['error'] else ''}"))
+    lines += files_lines(paths)
     return "\n".join(lines)
+
+
+def files_lines(paths: dict[str, Path]) -> list[str]:
+    """``files in FOLDER:`` and one name per line (the folders ``trials/`` and ``tune/`` with a slash)."""
+    folder = Path(next(iter(paths.values()))).parent if paths else Path(".")
+    lines = [f"files in {folder}:"]
+    for path in paths.values():
+        path = Path(path)
+        name = str(path.relative_to(folder)) if path.is_relative_to(folder) else str(path)
+        lines.append(f"  {name}/" if path.is_dir() else f"  {name}")
+    return lines
 
 
 def _error_message(trial: Any) -> str:

@@ -23,6 +23,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -32,6 +33,8 @@ import models
 from study.analysis.runs import ENVIRONMENT_FILE, OPTUNA_FILE, RECORDS_DIR, STUDY_FILE, TUNE_DIR, table_paths
 from study.cluster import check_fits, is_client, start_ray
 from study.errors import UserError
+from study.search.console import StatusReporter
+from study.search.dashboards import OptunaDashboard
 from study.search.data_parallel import data_parallel_trial
 from study.search.recorder import SweepRecorder, atomic_write_text, build_row, read_records, summary, write_tables
 from study.search.searcher import StudySearch, close_orphans, make_scheduler, make_searcher, points_space
@@ -121,18 +124,14 @@ def _concurrency(study: Study) -> int:
 
 
 def _progress_reporter(study: Study) -> Any:
-    """A status table with the searched keys and the objectives only (a trial reports ~50 metrics).
+    """Short console lines (:mod:`study.search.console`): a trial's line when it ends, a status line every 30 s.
 
-    Used by Tune's classic console output, which the command line selects (RAY_AIR_NEW_OUTPUT=0) because the
-    newer one prints every metric of every finished trial.
+    Tune takes a ProgressReporter only with its classic console output; its newer one ignores the reporter (with
+    a warning) and prints every metric of every trial in boxed tables, so the classic one is chosen here.
     """
-    from ray.tune import CLIReporter
-
-    metrics = {"epoch": "epoch", **{tune_key(m): m for m in study.objectives}}
-    if study.scheduler:
-        metrics[tune_key(study.scheduler.metric)] = study.scheduler.metric
-    return CLIReporter(metric_columns=metrics, parameter_columns=list(study.search), max_report_frequency=30,
-                       sort_by_metric=False)
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"  # read by Tune when the run starts
+    objectives = {tune_key(metric): (metric, mode) for metric, mode in study.objectives.items()}
+    return StatusReporter(objectives, list(study.search))
 
 
 def _row_context(study: Study, meta: dict[str, Any]) -> dict[str, Any]:
@@ -232,7 +231,8 @@ def run_study(study: Study, *, resume: bool = False, dashboard: bool = False, ad
                             dashboard=dashboard, address=address, quiet=quiet, points=points)
     started_ray = start_ray(address, dashboard=dashboard, num_cpus=num_cpus, quiet=quiet)
     try:
-        fit = _drive(study, out, mirror, base_data, _training_table(path), resume=resume, quiet=quiet, points=points)
+        fit = _drive(study, out, mirror, base_data, _training_table(path), resume=resume, quiet=quiet, points=points,
+                     dashboard=dashboard)
     finally:
         if started_ray:
             import ray
@@ -242,8 +242,11 @@ def run_study(study: Study, *, resume: bool = False, dashboard: bool = False, ad
 
 
 def _drive(study: Study, out: Path, mirror: Mirror, base_data: TrialData, train_table: Any, *, resume: bool,
-           quiet: bool, points: list[dict[str, Any]] | None) -> dict[str, Any]:
-    """Runs the trials on the connected Ray and writes ``out`` (records, tables); returns the fit's timing."""
+           quiet: bool, points: list[dict[str, Any]] | None, dashboard: bool = False) -> dict[str, Any]:
+    """Runs the trials on the connected Ray and writes ``out`` (records, tables); returns the fit's timing.
+
+    With ``dashboard`` a search also gets optuna-dashboard on its ``optuna.db`` while the trials run.
+    """
     from ray import tune
     from ray.tune.schedulers import FIFOScheduler
     from ray.tune.search import BasicVariantGenerator
@@ -297,6 +300,9 @@ def _drive(study: Study, out: Path, mirror: Mirror, base_data: TrialData, train_
                                       failure_config=tune.FailureConfig(max_failures=0),
                                       progress_reporter=_progress_reporter(study), verbose=0 if quiet else 1),
         )
+    board = OptunaDashboard(storage_url).start() if dashboard and points is None else None
+    if board is not None:
+        print(board.line(), file=sys.stderr, flush=True)
     fit_started = time.time()
     try:
         tuner.fit()
@@ -304,6 +310,9 @@ def _drive(study: Study, out: Path, mirror: Mirror, base_data: TrialData, train_
         with contextlib.suppress(Exception):
             mirror.push(force=True)
         raise
+    finally:
+        if board is not None:
+            board.stop()
     fit_wall = time.time() - fit_started
     numbers = close_orphans(storage_url, study.name) if points is None else {}
     records = read_records(out / RECORDS_DIR)
@@ -341,6 +350,7 @@ def _outcome(study: Study, out: Path, mirror: Mirror, fit: dict[str, Any],
     paths.update(study=out / STUDY_FILE, environment=out / ENVIRONMENT_FILE)
     if points is None:
         paths["optuna"] = out / OPTUNA_FILE
+    paths.update(records=out / RECORDS_DIR, tune=out / TUNE_DIR)
     trials = pd.read_parquet(paths["trials"])
     text = summary(trials, study.objectives, list(study.search), paths)
     if mirror.uri:

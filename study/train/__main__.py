@@ -2,6 +2,14 @@
 
 import sys
 
-from study.train.trainer import main
 
-sys.exit(main())
+def _run() -> int:
+    # the first line comes before torch is imported, which takes seconds on a busy machine (--help stays clean)
+    if not {"-h", "--help"} & set(sys.argv[1:]):
+        print("study.train: loading torch, then preparing the dataset and training", file=sys.stderr, flush=True)
+    from study.train.trainer import main
+
+    return main()
+
+
+sys.exit(_run())

@@ -91,7 +91,7 @@ def sample_negatives(split: EvalSplit, num_items: int, num_negatives: int, item_
     if item_popularity is None:
         weights = torch.ones(num_items + 1)
     else:
-        weights = torch.as_tensor(item_popularity, dtype=torch.float).clone()
+        weights = torch.tensor(item_popularity, dtype=torch.float)  # a copy: the array may be read-only
     weights[0] = 0.0
     negatives = np.empty((len(split.targets), num_negatives), dtype=np.int64)
     for start in range(0, len(split.targets), batch_size):
@@ -158,8 +158,9 @@ def evaluate(model: torch.nn.Module, split: EvalSplit, *, batch_size: int = 256,
 def popularity_metrics(split: EvalSplit, item_popularity: np.ndarray, *, negatives: np.ndarray | None = None,
                        ks: tuple[int, ...] = METRIC_KS) -> dict[str, float]:
     """The most-popular baseline under the same protocol: every user gets the training popularity."""
-    popularity = torch.as_tensor(item_popularity, dtype=torch.float64)
-    targets = torch.as_tensor(split.targets, dtype=torch.long)
+    # torch.tensor copies: in a Ray trial the arrays come read-only from the object store, which as_tensor would share
+    popularity = torch.tensor(item_popularity, dtype=torch.float64)
+    targets = torch.tensor(split.targets, dtype=torch.long)
     if negatives is None:
         # rank against every real item via a sorted popularity vector: O(U log I), no (U, I) matrix
         ranked = torch.sort(popularity[1:]).values
@@ -167,6 +168,6 @@ def popularity_metrics(split: EvalSplit, item_popularity: np.ndarray, *, negativ
         higher = len(ranked) - torch.searchsorted(ranked, target_pop, right=True)
         tied = torch.searchsorted(ranked, target_pop, right=True) - torch.searchsorted(ranked, target_pop) - 1
         return metrics_from_ranks(1.0 + higher + tied / 2.0, ks)
-    candidates = torch.cat([targets[:, None], torch.as_tensor(negatives)], dim=1)
+    candidates = torch.cat([targets[:, None], torch.tensor(negatives)], dim=1)
     scores = popularity[candidates]
     return metrics_from_ranks(rank_of_target(scores, scores[:, 0]), ks)

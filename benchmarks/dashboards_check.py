@@ -1,0 +1,157 @@
+"""Check that the URLs ``python -m study.sweep STUDY --dashboard`` prints work as printed.
+
+    python benchmarks/dashboards_check.py [--screenshots DIR]
+
+Runs a small synthetic sweep with ``--dashboard`` (a minute or two on 2 cores) and, while it runs:
+
+* Ray's dashboard (the ``Ray dashboard: URL`` line): an API call without the token is refused (401), the same call
+  with ``Authorization: Bearer <output of ray get-auth-token>`` answers 200, and ``POST /api/authenticate`` (what
+  the page's token dialog sends) sets the ``ray-authentication-token`` cookie, which then opens the API as well;
+* optuna-dashboard (the ``optuna-dashboard: URL`` line): ``/api/studies`` lists the study and its trials appear;
+* with ``--screenshots DIR`` and a ``chromium`` on PATH, a headless browser renders both pages into DIR
+  (Ray's shows its token dialog: a fresh browser has no cookie yet).
+
+After the sweep, optuna-dashboard must have stopped. Exits 0 when every check passed, 1 otherwise; each check
+prints one ``ok``/``FAIL`` line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.cookiejar
+import json
+import os
+import queue
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+URL_LINE = re.compile(r"^(Ray dashboard|optuna-dashboard): (http://\S+)")
+STUDY_NAME = "dashboards-check"
+
+
+def status_of(url: str, headers: dict[str, str] | None = None, opener: urllib.request.OpenerDirector | None = None,
+              data: bytes | None = None) -> int:
+    request = urllib.request.Request(url, headers=headers or {}, data=data)
+    try:
+        with (opener.open if opener else urllib.request.urlopen)(request, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.loads(response.read())
+
+
+class Checks:
+    def __init__(self) -> None:
+        self.failed = 0
+
+    def __call__(self, passed: bool, what: str) -> bool:
+        print(f"{'ok  ' if passed else 'FAIL'} {what}", flush=True)
+        self.failed += not passed
+        return passed
+
+
+def check_ray(url: str, check: Checks) -> None:
+    api = f"{url}/api/cluster_status"
+    token = subprocess.run(["ray", "get-auth-token"], capture_output=True, text=True, timeout=60).stdout.strip()
+    check(bool(token), "`ray get-auth-token` prints a token")
+    check(status_of(api) == 401, f"Ray dashboard {api} without the token: 401")
+    check(status_of(api, {"Authorization": f"Bearer {token}"}) == 200, "... with Authorization: Bearer <token>: 200")
+    cookies = http.cookiejar.CookieJar()
+    browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(cookies))
+    signed_in = status_of(f"{url}/api/authenticate", {"Authorization": f"Bearer {token}"}, browser, data=b"")
+    check(signed_in == 200 and any(c.name == "ray-authentication-token" for c in cookies),
+          "POST /api/authenticate (the page's token dialog) sets the ray-authentication-token cookie")
+    check(status_of(api, opener=browser) == 200, "... and the cookie alone opens the API: 200")
+    check(status_of(url) == 200, f"the page itself ({url}) loads (it shows the token dialog)")
+
+
+def check_optuna(url: str, check: Checks, deadline: float) -> None:
+    studies = []
+    while time.monotonic() < deadline and not studies:
+        studies = [s for s in get_json(f"{url}/api/studies")["study_summaries"] if s["study_name"] == STUDY_NAME]
+        time.sleep(1)
+    if not check(bool(studies), f"optuna-dashboard {url}/api/studies lists study {STUDY_NAME!r}"):
+        return
+    trials = []
+    while time.monotonic() < deadline and not trials:
+        trials = get_json(f"{url}/api/studies/{studies[0]['study_id']}?after=0")["trials"]
+        time.sleep(1)
+    check(bool(trials), f"... and its trials ({len(trials)} so far, states "
+                        f"{sorted({t['state'] for t in trials})})")
+
+
+def screenshot(url: str, path: Path, check: Checks) -> None:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        print(f"skip screenshot of {url}: no chromium on PATH")
+        return
+    with tempfile.TemporaryDirectory() as profile:
+        subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={profile}",
+                        "--window-size=1280,900", "--virtual-time-budget=8000", f"--screenshot={path}", url],
+                       capture_output=True, timeout=120)
+    check(path.is_file() and path.stat().st_size > 10_000, f"chromium rendered {url} into {path}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--screenshots", type=Path, help="folder for PNG screenshots of both dashboards")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds the whole check may take")
+    args = parser.parse_args()
+    check = Checks()
+    deadline = time.monotonic() + args.timeout
+    with tempfile.TemporaryDirectory() as tmp:
+        command = [sys.executable, "-m", "study.sweep", str(REPO / "search_spaces" / "sasrec.yaml"), "--dashboard",
+                   "--num-cpus", "2", "--set", f"name={STUDY_NAME}", "--set", "dataset.name=synthetic",
+                   "--set", f"storage={tmp}/results", "--set", "budget.num_samples=4", "--set", "budget.max_epochs=2",
+                   "--set", "fixed.measure_efficiency=false"]
+        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_WAIT_POLICY": "PASSIVE"}
+        sweep = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                 text=True)
+        lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(line) for line in sweep.stderr], daemon=True).start()
+        urls: dict[str, str] = {}
+        while len(urls) < 2 and time.monotonic() < deadline and sweep.poll() is None:
+            try:
+                line = lines.get(timeout=1).rstrip()
+            except queue.Empty:
+                continue
+            print(f"  sweep: {line}")
+            if match := URL_LINE.match(line):
+                urls[match.group(1)] = match.group(2)
+        if check(len(urls) == 2, f"the sweep printed both dashboard URLs ({', '.join(urls) or 'none'})"):
+            check_ray(urls["Ray dashboard"], check)
+            check_optuna(urls["optuna-dashboard"], check, deadline)
+            if args.screenshots:
+                args.screenshots.mkdir(parents=True, exist_ok=True)
+                screenshot(urls["Ray dashboard"], args.screenshots / "ray-dashboard.png", check)
+                screenshot(urls["optuna-dashboard"], args.screenshots / "optuna-dashboard.png", check)
+        try:
+            check(sweep.wait(timeout=max(1.0, deadline - time.monotonic())) == 0, "the sweep finished (exit code 0)")
+        except subprocess.TimeoutExpired:
+            sweep.kill()
+            check(False, "the sweep finished in time")
+        if "optuna-dashboard" in urls:
+            try:
+                urllib.request.urlopen(f"{urls['optuna-dashboard']}/api/studies", timeout=5)
+                check(False, "optuna-dashboard stopped with the sweep")
+            except OSError:
+                check(True, "optuna-dashboard stopped with the sweep")
+    print("all checks passed" if not check.failed else f"{check.failed} check(s) failed")
+    return 1 if check.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

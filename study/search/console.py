@@ -1,0 +1,154 @@
+"""What a sweep or a replicate batch prints while its trials run: short lines that fit 120 columns.
+
+Tune's own tables show every searched key at full name and width, plus paths and resources, and grow past a
+terminal's width; the full figures are in ``trials.parquet`` / ``history.parquet`` anyway. :class:`StatusReporter`
+(a Tune ``ProgressReporter``) prints instead
+
+* once: the searched keys' abbreviations (``keys: hs=hidden_size, nl=num_layers``), when any key is abbreviated;
+* a line per trial when it ends: its id, outcome, epochs and objectives, and its searched values (and its
+  seed, when the trial's config sets one: a replicate);
+* a status line at most every ``every_s`` seconds while something changed: elapsed time, trial counts by state,
+  the best objective so far.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+WIDTH = 120
+ABBREVIATE_OVER = 8  # key names this long or longer are abbreviated in the console lines
+
+
+def abbreviations(keys: list[str]) -> dict[str, str]:
+    """A short, unique name per key: the initials of its ``_``-separated words for long keys, else the key.
+
+    ``hidden_size`` → ``hs``, ``num_layers`` → ``nl``, ``lr`` → ``lr``; a clash keeps the full names of the keys
+    involved, so every short name means one key.
+    """
+    short = {}
+    for key in keys:
+        words = [w for w in key.replace(".", "_").split("_") if w]
+        short[key] = "".join(w[0] for w in words) if len(key) >= ABBREVIATE_OVER and len(words) > 1 else key
+    taken: dict[str, int] = {}
+    for name in short.values():
+        taken[name] = taken.get(name, 0) + 1
+    return {key: name if taken[name] == 1 or name == key else key for key, name in short.items()}
+
+
+def fit(line: str, width: int = WIDTH) -> str:
+    """``line`` cut to ``width`` columns (an ellipsis marks the cut)."""
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def format_value(value: Any) -> str:
+    """A searched value or a metric, short: 4 significant digits for floats."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours:d}:{minutes:02d}:{secs:02d}"
+
+
+def _trial_id(trial: Any) -> str:
+    return str(getattr(trial, "trial_id", trial))
+
+
+class StatusReporter:
+    """A Tune ``ProgressReporter`` printing the lines of the module docstring.
+
+    ``objectives`` maps each objective's Tune result key to its display name and direction (``max``/``min``);
+    ``keys`` are the searched keys (the trial's config keys shown).
+    """
+
+    def __init__(self, objectives: dict[str, tuple[str, str]], keys: list[str], every_s: float = 30.0,
+                 print_fn: Callable[[str], Any] | None = None) -> None:
+        self.objectives, self.keys, self.every_s = objectives, list(keys), every_s
+        self.short = abbreviations(self.keys)
+        # None = the print of the moment: Tune pickles the reporter with the experiment, and a stored builtin
+        # print fails to pickle once a library has wrapped it
+        self._print_fn = print_fn
+        self._start = time.time()
+        self._total: int | None = None
+        self._finished: set[str] = set()
+        self._last_counts: tuple | None = None
+        self._last_time = 0.0
+        self._legend_shown = False
+
+    def _print(self, line: str) -> None:
+        (self._print_fn or print)(line)
+
+    # the ProgressReporter interface (duck-typed: Tune calls these three)
+    def setup(self, start_time: float | None = None, total_samples: int | None = None, metric: str | None = None,
+              mode: str | None = None, **kwargs: Any) -> None:
+        self._start = start_time or time.time()
+        self._total = total_samples
+
+    def should_report(self, trials: list[Any], done: bool = False) -> bool:
+        return True  # report() decides what is worth a line
+
+    def report(self, trials: list[Any], done: bool, *sys_info: str) -> None:
+        if not self._legend_shown:
+            self._legend_shown = True
+            legend = ", ".join(f"{short}={key}" for key, short in self.short.items() if short != key)
+            if legend:
+                self._print(fit(f"keys: {legend}"))
+        for trial in trials:
+            if trial.status in ("TERMINATED", "ERROR") and _trial_id(trial) not in self._finished:
+                self._finished.add(_trial_id(trial))
+                self._print(self.trial_line(trial))
+        counts = self._counts(trials)
+        now = time.time()
+        if done or (counts != self._last_counts and now - self._last_time >= self.every_s):
+            self._last_counts, self._last_time = counts, now
+            self._print(self.status_line(trials, now))
+
+    def _counts(self, trials: list[Any]) -> tuple:
+        states: dict[str, int] = {}
+        for trial in trials:
+            states[trial.status] = states.get(trial.status, 0) + 1
+        return tuple(sorted(states.items()))
+
+    def trial_line(self, trial: Any) -> str:
+        """``trial 6852f146 done  epochs 3  valid_ndcg@10 0.0215 | lr=0.0052 hs=64``."""
+        result = getattr(trial, "last_result", None) or {}
+        outcome = "failed" if trial.status == "ERROR" or result.get("status") == "failed" else "done"
+        parts = [f"trial {_trial_id(trial)} {outcome:<6}"]
+        if "epoch" in result:
+            parts.append(f"epochs {result['epoch']}")
+        for key, (name, _) in self.objectives.items():
+            if key in result:
+                parts.append(f"{name} {format_value(result[key])}")
+        config = getattr(trial, "config", None) or {}
+        shown = dict(self.short)
+        if "seed" in config:  # a replicate's trial differs from its source by the seed alone
+            shown.setdefault("seed", "seed")
+        values = " ".join(f"{name}={format_value(config[key])}" for key, name in shown.items() if key in config)
+        return fit("  ".join(parts) + (f" | {values}" if values else ""))
+
+    def status_line(self, trials: list[Any], now: float) -> str:
+        """``[0:01:30] trials 3/6: 2 running, 1 done, 0 failed | best valid_ndcg@10 0.0215 (6852f146)``."""
+        states = dict(self._counts(trials))
+        total = max(self._total or 0, len(trials))
+        ended = states.get("TERMINATED", 0) + states.get("ERROR", 0)
+        line = (f"[{_clock(now - self._start)}] trials {ended}/{total}: {states.get('RUNNING', 0)} running, "
+                f"{states.get('PENDING', 0)} pending, {states.get('TERMINATED', 0)} done, "
+                f"{states.get('ERROR', 0)} failed")
+        best = self._best(trials)
+        return fit(line + (f" | best {best}" if best else ""))
+
+    def _best(self, trials: list[Any]) -> str:
+        if len(self.objectives) != 1:
+            return ""  # several objectives have a front, not a best: the summary shows it
+        (key, (name, mode)), = self.objectives.items()
+        scored = [(t.last_result[key], _trial_id(t)) for t in trials
+                  if isinstance((getattr(t, "last_result", None) or {}).get(key), (int, float))]
+        if not scored:
+            return ""
+        value, trial = max(scored) if mode == "max" else min(scored)
+        return f"{name} {format_value(value)} ({trial})"

@@ -1,0 +1,28 @@
+"""A normal scaling run prints its first line and nothing else on stderr, and a summary that fits 120 columns."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_scaling_console_is_clean_and_narrow(shared_datasets, data_cache, tmp_path):
+    study = {"name": "console", "dataset": {"name": "lastfm", "source": str(shared_datasets / "s3rec" / "LastFM.txt")},
+             "models": [{"model": "gru4rec"}], "lengths": [16, 32], "batch_sizes": [4], "modes": ["train"],
+             "measure": {"warmup": 1, "repeats": 1, "timeout_s": 240, "memory_limit_mb": 2048},
+             "fit": {"min_length": 16}, "storage": str(tmp_path / "results")}
+    path = tmp_path / "scaling.yaml"
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_WAIT_POLICY": "PASSIVE"}
+    done = subprocess.run([sys.executable, "-m", "study.scaling", str(path), "--num-cpus", "2"], capture_output=True,
+                          text=True, cwd=REPO, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr == f"study.scaling: validating {path}, then preparing its batches and starting Ray\n"
+    assert "2 cells (2 ok)" in done.stdout
+    assert max(len(line) for line in done.stdout.splitlines()) <= 120
