@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -112,8 +113,8 @@ def announce_cost(study: Study, data: TrialData) -> str:
     finally:
         torch.set_num_threads(threads)
     shown = ", ".join(f"{key}={value}" for key, value in point.items() if key != "lr") or "the fixed settings"
-    return f"largest configuration ({shown}): " + cost.line(study.budget.max_epochs) + \
-        f"; {study.budget.num_samples} trials"
+    shown = textwrap.shorten(shown, width=100, placeholder=" ...")
+    return f"largest configuration ({shown}), {study.budget.num_samples} trials:\n" + cost.line(study.budget.max_epochs)
 
 
 def _concurrency(study: Study) -> int:

@@ -9,6 +9,7 @@ the line then says how many positions that leaves, and times a full-size batch o
 from __future__ import annotations
 
 import copy
+import textwrap
 import time
 from dataclasses import dataclass
 
@@ -45,17 +46,19 @@ class EpochCost:
         return 1.0 - self.real_tokens / self.computed_tokens if self.computed_tokens else 0.0
 
     def line(self, max_epochs: int) -> str:
+        """The estimate for a person, wrapped to lines of at most 120 characters."""
         trimmed = ""
         if self.computed_tokens < self.tokens:
             trimmed = f", {_si(self.computed_tokens)} computed after trimming ({self.computed_padding:.0%} padding)"
-        text = (f"cost estimate: {self.windows:,} windows/epoch in {self.steps:,} steps, "
-                f"{_si(self.tokens)} tokens ({self.padding:.0%} padding){trimmed}; one step {self.step_s * 1e3:.0f} ms "
-                f"-> ~{_duration(self.epoch_s)}/epoch, at most ~{_duration(self.epoch_s * max_epochs)} for "
-                f"{max_epochs} epochs")
+        parts = [f"cost estimate: {self.windows:,} windows/epoch in {self.steps:,} steps, {_si(self.tokens)} tokens "
+                 f"({self.padding:.0%} padding){trimmed};",
+                 f"one step {self.step_s * 1e3:.0f} ms -> ~{_duration(self.epoch_s)}/epoch, at most "
+                 f"~{_duration(self.epoch_s * max_epochs)} for {max_epochs} epochs"]
         if self.computed_padding > PADDING_HINT:
-            text += (f"; most positions are padding: max_len {self.max_len} vs a median length of "
-                     f"{self.median_length:g}")
-        return text
+            parts[-1] += ";"
+            parts.append(f"most positions are padding: max_len {self.max_len} vs a median length of "
+                         f"{self.median_length:g}")
+        return textwrap.fill(" ".join(parts), width=120, subsequent_indent="  ", break_on_hyphens=False)
 
 
 def estimate_epoch(step: TrainStep, batches: list[tuple[np.ndarray, torch.Tensor | None]], device: torch.device,
