@@ -30,12 +30,15 @@ import models
 from models import ConfigError
 from study.errors import UserError
 from study.spec.fields import (
+    DEFAULT_CHECKPOINTS,
     VALID_METRICS,
     Budget,
+    Checkpoints,
     Resources,
     Scheduler,
     Searcher,
     read_budget,
+    read_checkpoints,
     read_resources,
     read_scheduler,
     read_searcher,
@@ -57,7 +60,7 @@ from study.train.config import METRIC_KS, TRAIN_FIELDS, TrainConfig, coerce, fie
 from study.train.results import EFFICIENCY_METRICS, PROTOCOL_SETTINGS
 
 SECTIONS = ("name", "model", "dataset", "protocol", "fixed", "search", "objectives", "budget", "scheduler",
-            "resources", "sampler", "searcher", "seeds", "storage")
+            "resources", "checkpoint", "sampler", "searcher", "seeds", "storage")
 REQUIRED = ("name", "model")
 # The evaluation protocol is fixed for a whole study: metrics measured under different protocols are not comparable.
 # How a trial runs, not what it learns: set by the sweep from the resources, never searched.
@@ -89,6 +92,8 @@ study YAML (docs/sweep.md has the full reference):
   budget: {num_samples: 6, max_epochs: 8, time_budget_s: 0}          # time budget of the whole study
   scheduler: {type: asha, metric: valid_ndcg@10, mode: max, grace_period: 2, reduction_factor: 2}
   resources: {cpu: 1, gpu: 0, workers_per_trial: 1, max_concurrent: auto}
+  checkpoint: {every: auto, keep: 2, max_failures: auto}   # epochs between trial checkpoints (0 = none); auto =
+                                    #   every epoch and 3 retries with --address, none locally; retries resume
   sampler: auto                     # auto | tpe | nsga2 | random | grid
   searcher: {n_startup_trials: 8}   # TPE: random start-up (default: covers every choice value; <= num_samples),
                                     #   multivariate, n_ei_candidates; NSGA-II: population_size
@@ -122,6 +127,7 @@ class Study:
     adaptation: str = ""  # what a budget shorter than the schedule or sampler needs changed, one line ("": nothing)
     checked_points: int = 0
     exhaustive_check: bool = True
+    checkpoint: Checkpoints = DEFAULT_CHECKPOINTS
 
     def settings(self, point: dict[str, Any] | None = None) -> dict[str, Any]:
         """Protocol + fixed keys + the budget's epochs + the training seed, then the searched point."""
@@ -163,6 +169,8 @@ class Study:
             "budget": self.budget.to_dict(),
             "scheduler": self.scheduler.to_dict() if self.scheduler else None,
             "resources": self.resources.to_dict(),
+            # left out at its default, so that studies written before the section existed still --resume
+            **({"checkpoint": self.checkpoint.to_dict()} if self.checkpoint != DEFAULT_CHECKPOINTS else {}),
             "sampler": self.sampler,
             "searcher": self.searcher.to_dict(),
             "seeds": dict(self.seeds),
@@ -362,7 +370,7 @@ def resolve(data: dict[str, Any], *, source: Path | None = None, lines: dict[tup
     study = Study(name=str(name), model=str(model), dataset=dataset, protocol=protocol, fixed=fixed, search=search,
                   objectives=objectives, budget=budget, scheduler=scheduler, resources=resources, sampler=sampler,
                   searcher=searcher, seeds=seeds, storage=storage, storage_uri=storage_uri, source=source,
-                  adaptation="; ".join(notes))
+                  adaptation="; ".join(notes), checkpoint=read_checkpoints(data, errors))
     if model is not None:
         _check_combinations(study, errors)
     if errors.items:
