@@ -35,7 +35,15 @@ from study.errors import UserError
 from study.search.data_parallel import data_parallel_trial
 from study.search.recorder import SweepRecorder, atomic_write_text, build_row, read_records, summary, write_tables
 from study.search.searcher import StudySearch, close_orphans, make_scheduler, make_searcher, points_space
-from study.search.trial import TrialPlan, crop_trial_data, keep_trainable, quiet_ray_data, sweep_trial, tune_key
+from study.search.trial import (
+    MODELS_DIR,
+    TrialPlan,
+    crop_trial_data,
+    keep_trainable,
+    quiet_ray_data,
+    sweep_trial,
+    tune_key,
+)
 from study.spec.sweep import Study
 from study.storage import Mirror
 from study.train.results import json_safe
@@ -266,7 +274,8 @@ def _drive(study: Study, out: Path, mirror: Mirror, base_data: TrialData, train_
                      records_dir=str(out / RECORDS_DIR), shuffle_rows=max(1, train_table.num_rows),
                      recorded=read_records(out / RECORDS_DIR) if resume else None,
                      workers=workers, cpu=study.resources.cpu,
-                     gpu=study.resources.gpu, checkpoint_every=checkpoint_every)
+                     gpu=study.resources.gpu, checkpoint_every=checkpoint_every,
+                     models_dir=None if on_cluster else str(out / MODELS_DIR))
     trial_function = data_parallel_trial if plan.workers > 1 else sweep_trial
     trainable = tune.with_parameters(trial_function, plan=plan, data=base_data, train_ds=train_ds)
     if plan.workers > 1:

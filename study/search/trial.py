@@ -34,6 +34,8 @@ from study.search.recorder import STATUS_OK
 from study.train.results import json_safe
 from study.train.trainer import TrialData
 
+MODELS_DIR = "models"  # <study>/models/<trial_id>/: each trial's best-validation model (study.train.state)
+
 
 def tune_key(objective: str) -> str:
     """The reported metric an objective reads: validation at the best epoch, efficiency as measured."""
@@ -61,6 +63,9 @@ class TrialPlan:
     cpu: float = 1.0
     gpu: float = 0.0
     checkpoint_every: int = 0  # epochs between Tune checkpoints of the training state (0 = none)
+    # where each trial keeps its best-validation model (<models_dir>/<trial_id>/), when the trials can write to the
+    # study's folder (a local run); on a cluster the trial's last checkpoint holds them instead
+    models_dir: str | None = None
 
 
 def crop_trial_data(base: TrialData, max_len: int) -> TrialData:
@@ -157,9 +162,10 @@ class EpochReporter:
     """Turns each :class:`~study.train.trainer.EpochReport` into one flat Tune report (history + objectives)."""
 
     def __init__(self, figures: dict[str, Any], batch_size: int, started: float,
-                 report: Callable[..., None], checkpoint_every: int = 0, resumed: Any = None):
+                 report: Callable[..., None], checkpoint_every: int = 0, resumed: Any = None,
+                 best_model_dir: str | None = None):
         self.figures, self.batch_size, self.started, self.report = figures, batch_size, started, report
-        self.checkpoint_every = checkpoint_every
+        self.checkpoint_every, self.best_model_dir = checkpoint_every, best_model_dir
         # a trial resumed from a checkpoint (a TrainingState) keeps the medians of its earlier epochs
         self.epoch_times: list[float] = list(resumed.epoch_times) if resumed else []
         self.throughputs: list[float] = [t for t in resumed.throughputs if math.isfinite(t)] if resumed else []
@@ -189,6 +195,11 @@ class EpochReporter:
             "trial_node_id": self.node["node_id"],
             "trial_node_ip": self.node["node_ip"],
         }
+        if self.best_model_dir and epoch_report.snapshot and epoch_report.best_epoch == epoch_report.epoch:
+            # before the report: a scheduler may stop the trial at any report, and the best model must be there
+            from study.train.state import save_best_model
+
+            save_best_model(epoch_report.snapshot(), self.best_model_dir)
         if self.checkpoint_every and epoch_report.snapshot and epoch_report.epoch % self.checkpoint_every == 0:
             self.report_with_checkpoint(metrics, epoch_report.snapshot())
         else:
@@ -276,8 +287,10 @@ def sweep_trial(config: dict[str, Any], *, plan: TrialPlan, data: TrialData, tra
     trial_data = crop_trial_data(data, max_len)
     figures = preflight(plan.model, settings, trial_data, plan.measure_efficiency)
     resume_from = last_training_state()
+    best_model_dir = os.path.join(plan.models_dir, tune.get_context().get_trial_id()) if plan.models_dir else None
     reporter = EpochReporter(figures, train_cfg.batch_size, started, tune.report,
-                             checkpoint_every=plan.checkpoint_every, resumed=resume_from)
+                             checkpoint_every=plan.checkpoint_every, resumed=resume_from,
+                             best_model_dir=best_model_dir)
     run_trial(plan.model, trial_data, settings, callback=reporter, resume_from=resume_from)
 
 

@@ -25,6 +25,10 @@ import torch
 
 STATE_FILE = "training_state.pt"
 FORMAT_VERSION = 1
+BEST_WEIGHTS_FILE = "model.pt"  # torch.save of the best-validation state dict
+BEST_INFO_FILE = "model.json"  # what those weights are (model_identity) and how they scored
+# the dataset's identity: what a model's item ids mean, and whether another prepared dataset is the same one
+DATASET_IDENTITY = ("name", "content_hash", "num_users", "num_items", "recipe", "kcore", "split", "synthetic")
 
 
 @dataclass
@@ -43,6 +47,8 @@ class TrainingState:
     epoch_times: list[float] = field(default_factory=list)
     throughputs: list[float] = field(default_factory=list)
     elapsed_s: float = 0.0  # wall time spent so far, so a resumed trial's time budget counts the earlier sessions
+    # what the weights are: the model and its config, the training settings, the dataset's identity (model_identity)
+    identity: dict[str, Any] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
 
 
@@ -100,3 +106,30 @@ def load_state(folder: str | Path, map_location: str | torch.device = "cpu") -> 
                          f"{FORMAT_VERSION}")
     known = {f.name for f in fields(TrainingState)}
     return TrainingState(**{k: v for k, v in data.items() if k in known})
+
+
+def model_identity(model_name: str, model_config: dict[str, Any], train_settings: dict[str, Any],
+                   dataset_meta: dict[str, Any]) -> dict[str, Any]:
+    """What a trial's weights are: the registry model and its full config, the training settings (the protocol
+    included) and the dataset's identity, as plain JSON values."""
+    return {"model": model_name, "model_config": dict(model_config), "settings": dict(train_settings),
+            "dataset": {key: dataset_meta.get(key) for key in DATASET_IDENTITY}}
+
+
+def save_best_model(state: TrainingState, folder: str | Path) -> Path:
+    """Write the state's best-validation weights (``model.pt``) and what they are (``model.json``) to ``folder``."""
+    import json
+    import os
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    weights = folder / BEST_WEIGHTS_FILE
+    partial = folder / f".{BEST_WEIGHTS_FILE}.tmp-{os.getpid()}"
+    torch.save(state.best_weights, partial)
+    os.replace(partial, weights)  # a trial stopped mid-write leaves the previous best, never half a file
+    info = {**state.identity, "best_epoch": state.best_epoch, "best_valid": state.best_valid,
+            "best_test": state.best_test, "epoch": state.epoch}
+    partial_info = folder / f".{BEST_INFO_FILE}.tmp-{os.getpid()}"
+    partial_info.write_text(json.dumps(info, indent=2, default=str) + "\n")
+    os.replace(partial_info, folder / BEST_INFO_FILE)
+    return weights

@@ -32,7 +32,7 @@ from study.train.cost import EpochCost, estimate_epoch
 from study.train.metrics import EvalSplit, NonFiniteScores, evaluate, popularity_metrics, sample_negatives
 from study.train.objectives import history_prefix_windows, resolve_objective
 from study.train.results import make_result, to_json_line
-from study.train.state import TrainingState, capture_rng, restore_rng
+from study.train.state import TrainingState, capture_rng, model_identity, restore_rng
 from study.train.step import NonFiniteLoss, TrainStep
 
 
@@ -211,12 +211,15 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
         epoch_times, throughputs = list(resume_from.epoch_times), list(resume_from.throughputs)
         first_epoch = resume_from.epoch + 1
 
+    identity = model_identity(model_name, model.config.to_dict(), asdict(train_cfg), data.meta)
+
     def snapshot(epoch: int) -> TrainingState:
         return TrainingState(epoch=epoch, model=model.state_dict(), optimizer=step.optimizer.state_dict(),
                              rng=capture_rng(rng, step.generator), best_valid=dict(best_valid),
                              best_test=dict(best_test), best_epoch=best_epoch, best_weights=best_state,
                              epochs_without_gain=epochs_without_gain, epoch_times=list(epoch_times),
-                             throughputs=list(throughputs), elapsed_s=time.perf_counter() - started)
+                             throughputs=list(throughputs), elapsed_s=time.perf_counter() - started,
+                             identity=identity)
 
     steps_per_epoch = None
     if progress:  # a person is watching: say what an epoch will cost before spending it
