@@ -27,7 +27,13 @@ import models
 from models import ConfigError, SeqRecModel
 from study.errors import UserError, print_error
 from study.train import efficiency
-from study.train.config import SELECTION_METRIC, TrainConfig, parse_assignments, split_settings
+from study.train.config import (
+    SELECTION_METRIC,
+    TrainConfig,
+    parse_assignments,
+    read_settings_file,
+    split_settings,
+)
 from study.train.cost import EpochCost, estimate_epoch
 from study.train.metrics import EvalSplit, NonFiniteScores, evaluate, popularity_metrics, sample_negatives
 from study.train.objectives import history_prefix_windows, resolve_objective
@@ -363,12 +369,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kcore", type=int, help="override the recipe's k-core filter")
     parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
                         help="any trainer, protocol or model key, e.g. --set max_epochs=2 --set hidden_size=128")
+    parser.add_argument("--config", metavar="FILE",
+                        help="a YAML mapping of --set keys (e.g. an exported model's config.yaml); --set wins")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     args = parser.parse_args(argv)
     try:
         from study.data import prepare
 
-        settings = parse_assignments(args.settings)
+        settings = {**(read_settings_file(args.config) if args.config else {}), **parse_assignments(args.settings)}
         train_cfg, model_hparams = split_settings(args.model, settings)
         max_len = model_hparams.get("max_len", models.model_class(args.model).config_class.max_len)
         # num_items (and num_users, for models that read them) come from the data: placeholders to validate the rest
