@@ -35,6 +35,7 @@ from study.errors import UserError
 from study.search.data_parallel import data_parallel_trial
 from study.search.recorder import SweepRecorder, atomic_write_text, build_row, read_records, summary, write_tables
 from study.search.searcher import StudySearch, close_orphans, make_scheduler, make_searcher, points_space
+from study.search.tracking import tracking_callbacks
 from study.search.trial import (
     MODELS_DIR,
     TrialPlan,
@@ -304,7 +305,8 @@ def _drive(study: Study, out: Path, mirror: Mirror, base_data: TrialData, train_
             trainable,
             param_space=None if points is None else points_space(points),
             tune_config=tune.TuneConfig(**search, reuse_actors=True),
-            run_config=tune.RunConfig(name=TUNE_DIR, storage_path=str(out), callbacks=[recorder],
+            run_config=tune.RunConfig(name=TUNE_DIR, storage_path=str(out),
+                                      callbacks=[recorder, *tracking_callbacks(study.tracking)],
                                       checkpoint_config=tune.CheckpointConfig(num_to_keep=study.checkpoint.keep),
                                       failure_config=tune.FailureConfig(max_failures=max_failures),
                                       progress_reporter=_progress_reporter(study), verbose=0 if quiet else 1),

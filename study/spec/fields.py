@@ -274,6 +274,44 @@ def read_checkpoints(data: dict, errors: ConfigErrors) -> Checkpoints:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# tracking: experiment trackers fed with every trial's reports
+
+TRACKER_PACKAGES = {"mlflow": "mlflow-skinny (or mlflow)", "wandb": "wandb"}
+
+
+@dataclass(frozen=True)
+class Tracking:
+    """Trackers that receive every trial's per-epoch reports (TensorBoard files Tune writes anyway, see docs)."""
+
+    mlflow: dict[str, Any] | None = None  # {tracking_uri, experiment}
+    wandb: dict[str, Any] | None = None  # {project}
+
+    def to_dict(self) -> dict[str, Any]:
+        return _dict(self)
+
+
+def read_tracking(data: dict, errors: ConfigErrors, *, study_name: str) -> Tracking:
+    """The ``tracking:`` section. A tracker whose package is not installed is refused here, before Ray starts."""
+    import importlib.util
+
+    raw = read_section(data, "tracking", errors)
+    allowed = {"mlflow": ("tracking_uri", "experiment"), "wandb": ("project",)}
+    check_keys(raw, "tracking", tuple(allowed), errors)
+    chosen: dict[str, dict[str, Any]] = {}
+    for tracker, keys in allowed.items():
+        if raw.get(tracker) is None:
+            continue
+        section = read_section(raw, tracker, errors)
+        check_keys(section, f"tracking.{tracker}", keys, errors)
+        if importlib.util.find_spec(tracker) is None:
+            errors.add(("tracking", tracker), f"needs the {tracker} package, which is not installed here: "
+                                              f"pip install {TRACKER_PACKAGES[tracker].split()[0]}")
+        defaults = {"mlflow": {"tracking_uri": None, "experiment": study_name}, "wandb": {"project": study_name}}
+        chosen[tracker] = {**defaults[tracker], **{k: v for k, v in section.items() if k in keys}}
+    return Tracking(**chosen)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # searcher: the sampler's settings
 
 
