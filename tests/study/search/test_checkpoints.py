@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[3]
 LASTFM = Path(__file__).resolve().parents[4] / "shared" / "datasets" / "s3rec" / "LastFM.txt"
@@ -48,7 +50,7 @@ def checkpoint_folders(out: Path) -> list[Path]:
     return sorted((out / "tune").glob("*/checkpoint_*"))
 
 
-def test_a_killed_trial_resumes_from_its_last_checkpoint(tmp_path: Path) -> None:
+def test_a_killed_trial_resumes_from_its_last_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "out"
     study = tmp_path / "ckpt.yaml"
     study.write_text(textwrap.dedent(f"""
@@ -108,3 +110,17 @@ def test_a_killed_trial_resumes_from_its_last_checkpoint(tmp_path: Path) -> None
     row = json.loads(straight.stdout.strip().splitlines()[-1])
     for key in ("valid_ndcg@10", "test_ndcg@10", "best_epoch"):
         assert trials[key].iloc[0] == row[key], key
+
+    # the trial kept its best model; without that folder (a cluster run) its last checkpoint gives the same weights
+    from study.export import export_model
+
+    trial_id = trials["trial_id"].iloc[0]
+    kept_info = json.loads((out / "models" / trial_id / "model.json").read_text())
+    assert kept_info["best_epoch"] == trials["best_epoch"].iloc[0]
+    kept_weights = torch.load(out / "models" / trial_id / "model.pt", weights_only=True)
+    shutil.rmtree(out / "models")
+    monkeypatch.setenv("SEQREC_DATA", env["SEQREC_DATA"])
+    exported = export_model(out, tmp_path / "export")
+    assert json.loads((exported / "model.json").read_text())["best_epoch"] == kept_info["best_epoch"]
+    from_checkpoint = torch.load(exported / "model.pt", weights_only=True)
+    assert all(torch.equal(kept_weights[name], from_checkpoint[name]) for name in kept_weights)
