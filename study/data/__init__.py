@@ -5,6 +5,7 @@ Public API::
     prepare(name, *, source=None, max_len=200, kcore=None, force=False, progress=True, **options) -> Path
     load_prepared(path) -> PreparedDataset
     item_popularity(ds, split="train") -> np.ndarray
+    raw_items(path) -> np.ndarray  (the source's item id of each model item id)
 
 Output contract of a prepared directory ``<cache>/prepared/<name>-<hash12>/`` (``<cache>`` is ``$SEQREC_DATA``
 or ``~/.cache/seqrec-study``):
@@ -15,13 +16,16 @@ or ``~/.cache/seqrec-study``):
 * ``sequences.parquet``: one row per user sorted by ``user`` (int64, 0..U-1) with ``raw_user`` (string),
   ``items`` (list<int32>, the full chronological sequence; item ids 1..num_items, 0 = padding) and
   ``train``/``valid``/``test`` (fixed_size_list<int32>[max_len + 1], left-padded with 0): the last max_len + 1
-  items of ``items[:-2]``, ``items[:-1]`` and ``items``.
+  items of ``items[:-2]``, ``items[:-1]`` and ``items``;
+* ``items.parquet``: ``item`` (int64, 1..num_items) and ``raw_item`` (string, the id in the source file), read by
+  ``raw_items(path)``. Directories prepared before this file existed lack it (same format version: their
+  windows are unchanged); ``prepare NAME --force`` adds it.
 
 Command line: ``python -m study.data prepare NAME ...`` and ``python -m study.data list``.
 """
 
 from study.data.cache import FORMAT_VERSION, cache_dir, list_prepared
-from study.data.dataset import PreparedDataset, item_popularity, load_prepared
+from study.data.dataset import PreparedDataset, item_popularity, load_prepared, raw_items
 from study.data.pipeline import prepare
 from study.data.recipes import DEFAULT_RECIPE, RECIPES, Recipe, get_recipe
 
@@ -37,4 +41,5 @@ __all__ = [
     "list_prepared",
     "load_prepared",
     "prepare",
+    "raw_items",
 ]

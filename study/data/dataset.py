@@ -76,6 +76,20 @@ def item_popularity(ds: PreparedDataset, split: str = "train") -> np.ndarray:
     return ds.item_popularity(split)
 
 
+def raw_items(path: str | Path) -> np.ndarray:
+    """The source's id of every item, indexed by model item id (index 0, the padding id, is "")."""
+    file = Path(path) / "items.parquet"
+    if not file.is_file():
+        meta = json.loads((Path(path) / "meta.json").read_text()) if (Path(path) / "meta.json").is_file() else {}
+        raise UserError(f"{path} was prepared before item ids were recorded (no items.parquet); rebuild it with: "
+                        f"python -m study.data prepare {meta.get('name', 'NAME')} --force (same source, same ids)")
+    table = pq.read_table(file)
+    ids = np.asarray(table.column("item").to_numpy(), dtype=np.int64)
+    out = np.full(int(ids.max(initial=0)) + 1, "", dtype=object)
+    out[ids] = np.asarray(table.column("raw_item").to_pylist(), dtype=object)
+    return out
+
+
 def _fixed(table: pa.Table, name: str, num_users: int) -> np.ndarray:
     column = table.column(name).combine_chunks()
     width = column.type.list_size

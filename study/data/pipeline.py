@@ -166,6 +166,7 @@ class Sequences:
     num_items: int
     raw: Counts  # before any filtering
     dropped_short_users: int
+    raw_items: np.ndarray | None = None  # (num_items,) str: raw_items[i - 1] is item id i's id in the source
 
     @property
     def num_users(self) -> int:
@@ -245,8 +246,9 @@ def build_sequences(frame: pd.DataFrame, kcore: int, *, label: str) -> Sequences
     user_sorted = user[rows]
     starts = np.flatnonzero(np.concatenate([[True], user_sorted[1:] != user_sorted[:-1]]))
     indptr = np.append(starts, len(rows)).astype(np.int64)
-    item_ids, _ = pd.factorize(item[rows])  # order of first appearance
+    item_ids, first_seen = pd.factorize(item[rows])  # order of first appearance
     return Sequences(
+        raw_items=np.asarray(raw_items[np.asarray(first_seen)]).astype(str),
         raw_users=np.asarray(raw_users[user_sorted[starts]]).astype(str),
         indptr=indptr,
         items=(item_ids + 1).astype(np.int32),
@@ -254,6 +256,9 @@ def build_sequences(frame: pd.DataFrame, kcore: int, *, label: str) -> Sequences
         raw=raw,
         dropped_short_users=dropped_short_users,
     )
+
+
+ITEMS_FILE = "items.parquet"  # added without a format bump: directories prepared before it lack it (see raw_items)
 
 
 def last_windows(indptr: np.ndarray, items: np.ndarray, drop_last: int, width: int) -> np.ndarray:
@@ -337,6 +342,12 @@ def _check_counts(recipe: Recipe, raw: Counts, info: dict, downloaded: bool) -> 
             )
         print(f"warning: {info['file']} has {got}; the published {recipe.name} has {want}", file=sys.stderr)
     return {"expected": recipe.expected.as_dict(), "matched": matched}
+
+
+def items_table(seqs: Sequences) -> pa.Table:
+    """The ``items.parquet`` table: each model item id (1..num_items) with its id in the source file."""
+    return pa.table({"item": pa.array(np.arange(1, seqs.num_items + 1, dtype=np.int64)),
+                     "raw_item": pa.array(seqs.raw_items.tolist(), type=pa.string())})
 
 
 def length_stats(lengths: np.ndarray) -> dict[str, float | int]:
@@ -464,6 +475,7 @@ def prepare(
     try:
         tmp.chmod(0o755)  # mkdtemp makes it private; the cache is meant to be readable like any other folder
         pq.write_table(sequences_table(seqs, max_len), tmp / "sequences.parquet", compression="zstd")
+        pq.write_table(items_table(seqs), tmp / ITEMS_FILE, compression="zstd")
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
         _publish(tmp, final, force)
     finally:

@@ -39,7 +39,16 @@ from study.search.dashboards import OptunaDashboard
 from study.search.data_parallel import data_parallel_trial
 from study.search.recorder import SweepRecorder, atomic_write_text, build_row, read_records, summary, write_tables
 from study.search.searcher import StudySearch, close_orphans, make_scheduler, make_searcher, points_space
-from study.search.trial import TrialPlan, crop_trial_data, keep_trainable, quiet_ray_data, sweep_trial, tune_key
+from study.search.tracking import tracking_callbacks
+from study.search.trial import (
+    MODELS_DIR,
+    TrialPlan,
+    crop_trial_data,
+    keep_trainable,
+    quiet_ray_data,
+    sweep_trial,
+    tune_key,
+)
 from study.spec.sweep import Study
 from study.storage import Mirror
 from study.train.results import json_safe
@@ -233,7 +242,7 @@ def run_study(study: Study, *, resume: bool = False, dashboard: bool = False, ad
     started_ray = start_ray(address, dashboard=dashboard, num_cpus=num_cpus, quiet=quiet)
     try:
         fit = _drive(study, out, mirror, base_data, _training_table(path), resume=resume, quiet=quiet, points=points,
-                     dashboard=dashboard)
+                     dashboard=dashboard, on_cluster=address != "local")
     finally:
         if started_ray:
             import ray
@@ -243,7 +252,8 @@ def run_study(study: Study, *, resume: bool = False, dashboard: bool = False, ad
 
 
 def _drive(study: Study, out: Path, mirror: Mirror, base_data: TrialData, train_table: Any, *, resume: bool,
-           quiet: bool, points: list[dict[str, Any]] | None, dashboard: bool = False) -> dict[str, Any]:
+           quiet: bool, points: list[dict[str, Any]] | None, dashboard: bool = False,
+           on_cluster: bool = False) -> dict[str, Any]:
     """Runs the trials on the connected Ray and writes ``out`` (records, tables); returns the fit's timing.
 
     With ``dashboard`` a search also gets optuna-dashboard on its ``optuna.db`` while the trials run.
@@ -262,13 +272,15 @@ def _drive(study: Study, out: Path, mirror: Mirror, base_data: TrialData, train_
     # Ray Data shards the windows of data-parallel trials; a one-process trial shuffles the windows it already holds
     train_ds = _training_dataset(train_table) if workers > 1 else None
     storage_url = f"sqlite:///{out / OPTUNA_FILE}"
+    checkpoint_every, max_failures = study.checkpoint.resolve(on_cluster)
     plan = TrialPlan(model=study.model, base_settings=_base_settings(study),
                      threads=max(1, math.floor(study.resources.cpu)),
                      measure_efficiency=bool(study.settings().get("measure_efficiency", True)),
                      records_dir=str(out / RECORDS_DIR), shuffle_rows=max(1, train_table.num_rows),
                      recorded=read_records(out / RECORDS_DIR) if resume else None,
                      workers=workers, cpu=study.resources.cpu,
-                     gpu=study.resources.gpu)
+                     gpu=study.resources.gpu, checkpoint_every=checkpoint_every,
+                     models_dir=None if on_cluster else str(out / MODELS_DIR))
     trial_function = data_parallel_trial if plan.workers > 1 else sweep_trial
     trainable = tune.with_parameters(trial_function, plan=plan, data=base_data, train_ds=train_ds)
     if plan.workers > 1:
@@ -297,8 +309,10 @@ def _drive(study: Study, out: Path, mirror: Mirror, base_data: TrialData, train_
             trainable,
             param_space=None if points is None else points_space(points),
             tune_config=tune.TuneConfig(**search, reuse_actors=True),
-            run_config=tune.RunConfig(name=TUNE_DIR, storage_path=str(out), callbacks=[recorder],
-                                      failure_config=tune.FailureConfig(max_failures=0),
+            run_config=tune.RunConfig(name=TUNE_DIR, storage_path=str(out),
+                                      callbacks=[recorder, *tracking_callbacks(study.tracking)],
+                                      checkpoint_config=tune.CheckpointConfig(num_to_keep=study.checkpoint.keep),
+                                      failure_config=tune.FailureConfig(max_failures=max_failures),
                                       progress_reporter=_progress_reporter(study), verbose=0 if quiet else 1),
         )
     board = OptunaDashboard(storage_url).start() if dashboard and points is None else None
@@ -414,7 +428,7 @@ def _head_driver(study: Study, uri: str, relative: str, base_data: TrialData, tr
             mirror.pull()
         here = dataclasses.replace(study, storage=root)
         return _drive(here, root / relative if relative else root, mirror, base_data, train_table, resume=resume,
-                      quiet=quiet, points=points)
+                      quiet=quiet, points=points, on_cluster=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

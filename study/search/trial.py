@@ -20,6 +20,7 @@ import logging
 import math
 import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ from study.cluster import node_identity
 from study.search.recorder import STATUS_OK
 from study.train.results import json_safe
 from study.train.trainer import TrialData
+
+MODELS_DIR = "models"  # <study>/models/<trial_id>/: each trial's best-validation model (study.train.state)
 
 
 def tune_key(objective: str) -> str:
@@ -59,6 +62,10 @@ class TrialPlan:
     workers: int = 1
     cpu: float = 1.0
     gpu: float = 0.0
+    checkpoint_every: int = 0  # epochs between Tune checkpoints of the training state (0 = none)
+    # where each trial keeps its best-validation model (<models_dir>/<trial_id>/), when the trials can write to the
+    # study's folder (a local run); on a cluster the trial's last checkpoint holds them instead
+    models_dir: str | None = None
 
 
 def crop_trial_data(base: TrialData, max_len: int) -> TrialData:
@@ -155,10 +162,13 @@ class EpochReporter:
     """Turns each :class:`~study.train.trainer.EpochReport` into one flat Tune report (history + objectives)."""
 
     def __init__(self, figures: dict[str, Any], batch_size: int, started: float,
-                 report: Callable[[dict[str, Any]], None]):
+                 report: Callable[..., None], checkpoint_every: int = 0, resumed: Any = None,
+                 best_model_dir: str | None = None):
         self.figures, self.batch_size, self.started, self.report = figures, batch_size, started, report
-        self.epoch_times: list[float] = []
-        self.throughputs: list[float] = []
+        self.checkpoint_every, self.best_model_dir = checkpoint_every, best_model_dir
+        # a trial resumed from a checkpoint (a TrainingState) keeps the medians of its earlier epochs
+        self.epoch_times: list[float] = list(resumed.epoch_times) if resumed else []
+        self.throughputs: list[float] = [t for t in resumed.throughputs if math.isfinite(t)] if resumed else []
         self.node = node_identity()
 
     def __call__(self, epoch_report: Any) -> None:
@@ -185,7 +195,25 @@ class EpochReporter:
             "trial_node_id": self.node["node_id"],
             "trial_node_ip": self.node["node_ip"],
         }
-        self.report(metrics)
+        if self.best_model_dir and epoch_report.snapshot and epoch_report.best_epoch == epoch_report.epoch:
+            # before the report: a scheduler may stop the trial at any report, and the best model must be there
+            from study.train.state import save_best_model
+
+            save_best_model(epoch_report.snapshot(), self.best_model_dir)
+        if self.checkpoint_every and epoch_report.snapshot and epoch_report.epoch % self.checkpoint_every == 0:
+            self.report_with_checkpoint(metrics, epoch_report.snapshot())
+        else:
+            self.report(metrics)
+
+    def report_with_checkpoint(self, metrics: dict[str, Any], state: Any) -> None:
+        """Report with the training state as a Tune checkpoint, which Tune copies to the study's storage."""
+        from ray import tune
+
+        from study.train.state import save_state
+
+        with tempfile.TemporaryDirectory(prefix="seqrec-checkpoint-") as folder:
+            save_state(state, folder)
+            self.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
 
 
 def _process_started_at() -> float | None:
@@ -236,7 +264,9 @@ def sweep_trial(config: dict[str, Any], *, plan: TrialPlan, data: TrialData, tra
     """The Tune function trainable of a one-process trial: one configuration, reported every epoch.
 
     It trains with the trainer's in-memory shuffle of ``data.train`` (``train_ds`` is for data-parallel trials only):
-    the same seed gives the same batches, hence the same metrics, as ``python -m study.train``.
+    the same seed gives the same batches, hence the same metrics, as ``python -m study.train``. Every
+    ``plan.checkpoint_every`` epochs its report carries the training state as a Tune checkpoint; a retried or resumed
+    trial starts from the last one and ends as it would have without the interruption.
     """
     from ray import tune
 
@@ -256,8 +286,25 @@ def sweep_trial(config: dict[str, Any], *, plan: TrialPlan, data: TrialData, tra
     max_len = hparams.get("max_len", models.model_class(plan.model).config_class.max_len)
     trial_data = crop_trial_data(data, max_len)
     figures = preflight(plan.model, settings, trial_data, plan.measure_efficiency)
-    reporter = EpochReporter(figures, train_cfg.batch_size, started, tune.report)
-    run_trial(plan.model, trial_data, settings, callback=reporter)
+    resume_from = last_training_state()
+    best_model_dir = os.path.join(plan.models_dir, tune.get_context().get_trial_id()) if plan.models_dir else None
+    reporter = EpochReporter(figures, train_cfg.batch_size, started, tune.report,
+                             checkpoint_every=plan.checkpoint_every, resumed=resume_from,
+                             best_model_dir=best_model_dir)
+    run_trial(plan.model, trial_data, settings, callback=reporter, resume_from=resume_from)
+
+
+def last_training_state() -> Any:
+    """The training state of this trial's last Tune checkpoint (a retry or a --resume), or None on a first start."""
+    from ray import tune
+
+    from study.train.state import load_state
+
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is None:
+        return None
+    with checkpoint.as_directory() as folder:
+        return load_state(folder)
 
 
 def quiet_ray_data() -> None:

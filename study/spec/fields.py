@@ -1,4 +1,4 @@
-"""Typed sections of a study file: ``dataset``, ``budget``, ``scheduler``, ``resources`` and ``searcher``.
+"""Typed sections of a study file: ``dataset``, ``budget``, ``scheduler``, ``resources``, ``checkpoint``, ``searcher``.
 
 Each reader takes the parsed YAML and a :class:`~study.spec.yaml_io.ConfigErrors`, reports every problem of its
 section there (naming the key) and returns a usable value anyway, so that the study's other checks still run.
@@ -218,6 +218,97 @@ def read_resources(data: dict, errors: ConfigErrors, *, check_machine: bool, uni
                 errors.add(("resources", "gpu"), f"a {unit} needs {gpu * copies:g} GPUs, this machine has "
                                                  f"{machine_gpus:g}")
     return Resources(cpu=cpu, gpu=gpu, workers_per_trial=workers, max_concurrent=concurrent)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# checkpoint: trial checkpoints and retries
+
+CLUSTER_MAX_FAILURES = 3  # retries of a trial on a cluster, where a node may go away under it
+
+
+@dataclass(frozen=True)
+class Checkpoints:
+    """How often a trial saves its training state (Tune checkpoints), how many it keeps, how often it is retried.
+
+    ``auto`` resolves with where the study runs: on a cluster (``--address``) every epoch and 3 retries, since a
+    lost node otherwise costs the trial; locally no checkpoints and no retries, since the epochs are cheap to redo
+    and the saved states would only cost time and disk. A retried or ``--resume``d trial continues from its last
+    checkpoint.
+    """
+
+    every: int | str  # epochs between checkpoints; 0 = none
+    keep: int  # at most this many checkpoints per trial (the newest)
+    max_failures: int | str  # retries of a failed trial, from its last checkpoint
+
+    def resolve(self, on_cluster: bool) -> tuple[int, int]:
+        """``(every, max_failures)`` with ``auto`` decided by whether the study runs on a cluster."""
+        every = (1 if on_cluster else 0) if self.every == "auto" else int(self.every)
+        failures = CLUSTER_MAX_FAILURES if on_cluster else 0
+        if self.max_failures != "auto":
+            failures = int(self.max_failures)
+        return every, failures
+
+    def to_dict(self) -> dict[str, Any]:
+        return _dict(self)
+
+
+DEFAULT_CHECKPOINTS = Checkpoints(every="auto", keep=2, max_failures="auto")
+
+
+def read_checkpoints(data: dict, errors: ConfigErrors) -> Checkpoints:
+    """The ``checkpoint:`` section: ``every`` (epochs, 0 = none, or auto), ``keep``, ``max_failures`` (or auto)."""
+    raw = read_section(data, "checkpoint", errors)
+    check_keys(raw, "checkpoint", ("every", "keep", "max_failures"), errors)
+    values: dict[str, Any] = {}
+    for key, least in (("every", 0), ("keep", 1), ("max_failures", 0)):
+        default = getattr(DEFAULT_CHECKPOINTS, key)
+        value = raw.get(key, default)
+        if value == "auto" and default == "auto":
+            values[key] = value
+            continue
+        value = typed(raw, "checkpoint", key, int, errors, default)
+        if isinstance(value, int) and value < least:
+            errors.add(("checkpoint", key), f"must be >= {least}{' or auto' if default == 'auto' else ''}, got {value}")
+        values[key] = value
+    return Checkpoints(**values)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# tracking: experiment trackers fed with every trial's reports
+
+TRACKER_PACKAGES = {"mlflow": "mlflow-skinny (or mlflow)", "wandb": "wandb"}
+
+
+@dataclass(frozen=True)
+class Tracking:
+    """Trackers that receive every trial's per-epoch reports (TensorBoard files Tune writes anyway, see docs)."""
+
+    mlflow: dict[str, Any] | None = None  # {tracking_uri, experiment}
+    wandb: dict[str, Any] | None = None  # {project}
+
+    def to_dict(self) -> dict[str, Any]:
+        return _dict(self)
+
+
+def read_tracking(data: dict, errors: ConfigErrors, *, study_name: str) -> Tracking:
+    """The ``tracking:`` section. A tracker whose package is not installed is refused here, before Ray starts."""
+    import importlib.util
+
+    raw = read_section(data, "tracking", errors)
+    allowed = {"mlflow": ("tracking_uri", "experiment"), "wandb": ("project",)}
+    check_keys(raw, "tracking", tuple(allowed), errors)
+    chosen: dict[str, dict[str, Any]] = {}
+    for tracker, keys in allowed.items():
+        if raw.get(tracker) is None:
+            continue
+        section = read_section(raw, tracker, errors)
+        check_keys(section, f"tracking.{tracker}", keys, errors)
+        if importlib.util.find_spec(tracker) is None:
+            errors.add(("tracking", tracker), f"needs the {tracker} package, which is not installed here: "
+                                              f"pip install {TRACKER_PACKAGES[tracker].split()[0]}")
+        defaults = {"mlflow": {"tracking_uri": None, "experiment": study_name}, "wandb": {"project": study_name}}
+        chosen[tracker] = {**defaults[tracker], **{k: v for k, v in section.items() if k in keys}}
+    return Tracking(**chosen)
 
 
 # ---------------------------------------------------------------------------------------------------------------

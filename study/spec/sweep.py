@@ -30,15 +30,20 @@ import models
 from models import ConfigError
 from study.errors import UserError
 from study.spec.fields import (
+    DEFAULT_CHECKPOINTS,
     VALID_METRICS,
     Budget,
+    Checkpoints,
     Resources,
     Scheduler,
     Searcher,
+    Tracking,
     read_budget,
+    read_checkpoints,
     read_resources,
     read_scheduler,
     read_searcher,
+    read_tracking,
     resolve_dataset,
 )
 from study.spec.search_space import SearchParam, read_search_param
@@ -57,7 +62,7 @@ from study.train.config import METRIC_KS, TRAIN_FIELDS, TrainConfig, coerce, fie
 from study.train.results import EFFICIENCY_METRICS, PROTOCOL_SETTINGS
 
 SECTIONS = ("name", "model", "dataset", "protocol", "fixed", "search", "objectives", "budget", "scheduler",
-            "resources", "sampler", "searcher", "seeds", "storage")
+            "resources", "checkpoint", "tracking", "sampler", "searcher", "seeds", "storage")
 REQUIRED = ("name", "model")
 # The evaluation protocol is fixed for a whole study: metrics measured under different protocols are not comparable.
 # How a trial runs, not what it learns: set by the sweep from the resources, never searched.
@@ -89,6 +94,9 @@ study YAML (docs/sweep.md has the full reference):
   budget: {num_samples: 6, max_epochs: 8, time_budget_s: 0}          # time budget of the whole study
   scheduler: {type: asha, metric: valid_ndcg@10, mode: max, grace_period: 2, reduction_factor: 2}
   resources: {cpu: 1, gpu: 0, workers_per_trial: 1, max_concurrent: auto}
+  checkpoint: {every: auto, keep: 2, max_failures: auto}   # epochs between trial checkpoints (0 = none); auto =
+                                    #   every epoch and 3 retries with --address, none locally; retries resume
+  tracking: {mlflow: {tracking_uri: null, experiment: NAME}, wandb: {project: NAME}}   # optional trackers
   sampler: auto                     # auto | tpe | nsga2 | random | grid
   searcher: {n_startup_trials: 8}   # TPE: random start-up (default: covers every choice value; <= num_samples),
                                     #   multivariate, n_ei_candidates; NSGA-II: population_size
@@ -122,6 +130,8 @@ class Study:
     adaptation: str = ""  # what a budget shorter than the schedule or sampler needs changed, one line ("": nothing)
     checked_points: int = 0
     exhaustive_check: bool = True
+    checkpoint: Checkpoints = DEFAULT_CHECKPOINTS
+    tracking: Tracking = Tracking()
 
     def settings(self, point: dict[str, Any] | None = None) -> dict[str, Any]:
         """Protocol + fixed keys + the budget's epochs + the training seed, then the searched point."""
@@ -163,6 +173,9 @@ class Study:
             "budget": self.budget.to_dict(),
             "scheduler": self.scheduler.to_dict() if self.scheduler else None,
             "resources": self.resources.to_dict(),
+            # left out at its default, so that studies written before the section existed still --resume
+            **({"checkpoint": self.checkpoint.to_dict()} if self.checkpoint != DEFAULT_CHECKPOINTS else {}),
+            **({"tracking": self.tracking.to_dict()} if self.tracking != Tracking() else {}),
             "sampler": self.sampler,
             "searcher": self.searcher.to_dict(),
             "seeds": dict(self.seeds),
@@ -362,7 +375,8 @@ def resolve(data: dict[str, Any], *, source: Path | None = None, lines: dict[tup
     study = Study(name=str(name), model=str(model), dataset=dataset, protocol=protocol, fixed=fixed, search=search,
                   objectives=objectives, budget=budget, scheduler=scheduler, resources=resources, sampler=sampler,
                   searcher=searcher, seeds=seeds, storage=storage, storage_uri=storage_uri, source=source,
-                  adaptation="; ".join(notes))
+                  adaptation="; ".join(notes), checkpoint=read_checkpoints(data, errors),
+                  tracking=read_tracking(data, errors, study_name=str(name)))
     if model is not None:
         _check_combinations(study, errors)
     if errors.items:

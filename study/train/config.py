@@ -160,3 +160,25 @@ def parse_assignments(pairs: list[str]) -> dict[str, str]:
             raise ConfigError([(pair, "expected key=value")])
         settings[key.strip()] = value
     return settings
+
+
+def read_settings_file(path: str) -> dict[str, Any]:
+    """A ``--config`` file: a YAML mapping of the keys ``--set`` takes (an exported model's ``config.yaml``)."""
+    from pathlib import Path
+
+    import yaml
+
+    from study.errors import UserError
+
+    file = Path(path)
+    if not file.is_file():
+        raise UserError(f"--config {path}: no such file")
+    try:
+        data = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as error:
+        raise UserError(f"--config {path}: malformed YAML ({error})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict) or not all(isinstance(key, str) for key in data):
+        raise UserError(f"--config {path}: expected a mapping of setting names to values, like --set key=value")
+    return data

@@ -27,11 +27,18 @@ import models
 from models import ConfigError, SeqRecModel
 from study.errors import UserError, print_error
 from study.train import efficiency
-from study.train.config import SELECTION_METRIC, TrainConfig, parse_assignments, split_settings
+from study.train.config import (
+    SELECTION_METRIC,
+    TrainConfig,
+    parse_assignments,
+    read_settings_file,
+    split_settings,
+)
 from study.train.cost import EpochCost, estimate_epoch
 from study.train.metrics import EvalSplit, NonFiniteScores, evaluate, popularity_metrics, sample_negatives
 from study.train.objectives import history_prefix_windows, resolve_objective
 from study.train.results import make_result, to_json_line
+from study.train.state import TrainingState, capture_rng, model_identity, restore_rng
 from study.train.step import NonFiniteLoss, TrainStep
 
 
@@ -85,6 +92,9 @@ class EpochReport:
     throughput: float  # training sequences per second this epoch
     wall_time_s: float
     extra: dict[str, float] = field(default_factory=dict)
+    # The trial's whole state after this epoch, built only when asked (checkpoints are not taken every epoch); it
+    # shares the live model's tensors, so save it before the next epoch starts.
+    snapshot: Callable[[], TrainingState] | None = field(default=None, repr=False, compare=False)
 
     def flat(self) -> dict[str, float]:
         """Flat metric names used in Tune reports and history.parquet."""
@@ -153,13 +163,16 @@ def epoch_windows(data: TrialData, users: Iterable[Batch | np.ndarray], objectiv
 
 def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | None = None, *,
               callback: Callable[[EpochReport], None] | None = None, progress: bool = False,
-              train_batches: Callable[[int], Iterable[np.ndarray]] | None = None) -> dict:
+              train_batches: Callable[[int], Iterable[np.ndarray]] | None = None,
+              resume_from: TrainingState | None = None) -> dict:
     """Train and evaluate one configuration; returns one result row (see :mod:`study.train.results`).
 
     ``settings`` holds trainer, protocol and model keys (strings are coerced). ``train_batches``, if
     given, yields the epoch's user windows (e.g. from a Ray Data shard) instead of the in-memory shuffle.
+    ``resume_from`` continues after the epoch a :class:`~study.train.state.TrainingState` was taken at (each
+    report's ``snapshot()``), with the same settings: the result equals that of a run never stopped.
     """
-    started = time.perf_counter()
+    started = time.perf_counter() - (resume_from.elapsed_s if resume_from else 0.0)
     train_cfg, model_hparams = split_settings(model_name, settings or {})
     max_len = model_hparams.get("max_len", models.model_class(model_name).config_class.max_len)
     if not isinstance(data, TrialData):
@@ -194,16 +207,38 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
     best_test: dict[str, float] = {}
     best_epoch, best_state, epochs_without_gain = 0, None, 0
     epoch_times, throughputs, reports = [], [], []
+    first_epoch = 1
+    if resume_from is not None:
+        model.load_state_dict(resume_from.model)
+        step.optimizer.load_state_dict(resume_from.optimizer)
+        restore_rng(resume_from.rng, rng, step.generator)
+        best_valid, best_test = dict(resume_from.best_valid), dict(resume_from.best_test)
+        best_epoch, best_state = resume_from.best_epoch, resume_from.best_weights
+        epochs_without_gain = resume_from.epochs_without_gain
+        epoch_times, throughputs = list(resume_from.epoch_times), list(resume_from.throughputs)
+        first_epoch = resume_from.epoch + 1
+
+    identity = model_identity(model_name, model.config.to_dict(), asdict(train_cfg), data.meta)
+
+    def snapshot(epoch: int) -> TrainingState:
+        return TrainingState(epoch=epoch, model=model.state_dict(), optimizer=step.optimizer.state_dict(),
+                             rng=capture_rng(rng, step.generator), best_valid=dict(best_valid),
+                             best_test=dict(best_test), best_epoch=best_epoch, best_weights=best_state,
+                             epochs_without_gain=epochs_without_gain, epoch_times=list(epoch_times),
+                             throughputs=list(throughputs), elapsed_s=time.perf_counter() - started,
+                             identity=identity)
+
     steps_per_epoch = None
     if progress:  # a person is watching: say what an epoch will cost before spending it
         cost = epoch_cost(step, data, train_cfg, device)
         print(cost.line(train_cfg.max_epochs), file=sys.stderr, flush=True)
         steps_per_epoch = cost.steps
     bar = _progress_bar(train_cfg.max_epochs, steps_per_epoch, model_name, progress)
+    bar.update((first_epoch - 1) * (steps_per_epoch or 1))
     interrupted = False
     finished = (best_valid, best_test, best_epoch, best_state, epochs_without_gain)  # as of the last full epoch
     try:
-        for epoch in range(1, train_cfg.max_epochs + 1):
+        for epoch in range(first_epoch, train_cfg.max_epochs + 1):
             epoch_start = time.perf_counter()
             model.train()
             users = train_batches(epoch) if train_batches else user_batches(data.train, train_cfg.batch_size, rng)
@@ -237,7 +272,8 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
             report = EpochReport(epoch=epoch, train_loss=total_loss / max(steps, 1), valid=valid, best_epoch=best_epoch,
                                  best_valid=best_valid, best_test=best_test, epoch_time_s=epoch_time,
                                  train_time_s=train_time, throughput=throughputs[-1],
-                                 wall_time_s=time.perf_counter() - started, extra=model.stats())
+                                 wall_time_s=time.perf_counter() - started, extra=model.stats(),
+                                 snapshot=lambda epoch=epoch: snapshot(epoch))
             reports.append(report)
             finished = (best_valid, best_test, best_epoch, best_state, epochs_without_gain)
             if not steps_per_epoch:
@@ -260,7 +296,8 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
     if interrupted and best_state is None:
         raise KeyboardInterrupt
     if interrupted:
-        print(f"interrupted during epoch {len(reports) + 1}: the result below is that of the {len(reports)} "
+        done = first_epoch - 1 + len(reports)
+        print(f"interrupted during epoch {done + 1}: the result below is that of the {done} "
               "finished epoch(s)", file=sys.stderr, flush=True)
 
     model.load_state_dict(best_state)
@@ -271,7 +308,8 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
     row = make_result(
         model=model_name, dataset_meta=data.meta, objective=objective, train_cfg=train_cfg,
         model_hparams=model.config.to_dict(),
-        best_valid=best_valid, best_test=best_test, best_epoch=best_epoch, epochs_run=len(reports),
+        best_valid=best_valid, best_test=best_test, best_epoch=best_epoch,
+        epochs_run=first_epoch - 1 + len(reports),
         efficiency=figures, device=device, extra=model.stats(), wall_time_s=time.perf_counter() - started,
         popularity={f"pop_{k}": v for k, v in popularity_metrics(data.test, data.item_popularity,
                                                                    negatives=negatives.get("test")).items()
@@ -336,12 +374,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kcore", type=int, help="override the recipe's k-core filter")
     parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
                         help="any trainer, protocol or model key, e.g. --set max_epochs=2 --set hidden_size=128")
+    parser.add_argument("--config", metavar="FILE",
+                        help="a YAML mapping of --set keys (e.g. an exported model's config.yaml); --set wins")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     args = parser.parse_args(argv)
     try:
         from study.data import prepare
 
-        settings = parse_assignments(args.settings)
+        settings = {**(read_settings_file(args.config) if args.config else {}), **parse_assignments(args.settings)}
         train_cfg, model_hparams = split_settings(args.model, settings)
         max_len = model_hparams.get("max_len", models.model_class(args.model).config_class.max_len)
         # num_items (and num_users, for models that read them) come from the data: placeholders to validate the rest

@@ -1,0 +1,149 @@
+"""Export a study's trained model as a self-contained folder.
+
+    python -m study.export results/<study> [--trial ID | --best] OUT
+
+The folder holds everything needed to use the model without the study or the data cache:
+
+* ``model.pt``: the trial's best-validation weights, a ``torch.save`` of the model's state dict (load it with
+  ``torch.load(path, weights_only=True)``);
+* ``model.json``: the registry model and its full config, the training settings (the protocol included), the
+  dataset's identity (name, content_hash, sizes, recipe), the best epoch and its validation and test metrics, the
+  study and trial it comes from;
+* ``config.yaml``: the trial's settings as ``--set`` keys, so that ``python -m study.train --model M --dataset D
+  --config config.yaml`` trains the same configuration again;
+* ``dataset.json``: the prepared dataset's meta.json;
+* ``items.parquet``: model item id ↔ raw item id (``item``, ``raw_item``);
+* ``histories.parquet``: every user's raw id and full chronological item sequence (model ids), what
+  :mod:`study.recommend` feeds the model and masks.
+
+A trial's best model is the one it kept in ``<study>/models/<trial_id>/`` (local runs) or, on a cluster, the best
+weights inside its last Tune checkpoint (``<study>/tune/<trial>/checkpoint_*``). ``--best`` (the default) picks the
+finished trial with the best value of the study's first validation objective.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow.parquet as pq
+import torch
+import yaml
+
+from study.analysis.runs import TUNE_DIR, load_results, selection_metric
+from study.errors import UserError, print_error
+from study.search.trial import MODELS_DIR
+from study.train.state import BEST_INFO_FILE, BEST_WEIGHTS_FILE, load_state
+
+DATA_SIZED = ("num_items", "num_users")  # the trainer sizes these from the dataset; never --set by hand
+CONFIG_FILE, DATASET_FILE, ITEMS_FILE, HISTORIES_FILE = "config.yaml", "dataset.json", "items.parquet", \
+    "histories.parquet"
+
+
+def choose_trial(study_dir: Path, trial: str | None) -> tuple[str, dict[str, Any]]:
+    """The trial to export and the study's resolved YAML: ``trial`` if given (it must have finished), else the
+    finished trial with the best value of the study's first validation objective."""
+    results = load_results(study_dir)
+    ok = results.trials[results.trials["status"] == "ok"]
+    if trial is not None:
+        if trial not in set(results.trials["trial_id"]):
+            known = ", ".join(map(str, results.trials["trial_id"]))
+            raise UserError(f"{study_dir}: no trial {trial}; its trials: {known}")
+        if trial not in set(ok["trial_id"]):
+            raise UserError(f"{study_dir}: trial {trial} did not finish (status "
+                            f"{results.trials.set_index('trial_id').loc[trial, 'status']}); it has no model to export")
+        return trial, results.study
+    metric = selection_metric(dict(results.study.get("objectives") or {}), None)
+    best = ok.sort_values([metric, "trial_id"], ascending=[False, True], kind="stable").iloc[0]
+    return str(best["trial_id"]), results.study
+
+
+def find_best_model(study_dir: Path, trial_id: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """A trial's best-validation weights and what they are, from its models folder or its last checkpoint."""
+    folder = study_dir / MODELS_DIR / trial_id
+    if (folder / BEST_WEIGHTS_FILE).is_file() and (folder / BEST_INFO_FILE).is_file():
+        weights = torch.load(folder / BEST_WEIGHTS_FILE, map_location="cpu", weights_only=True)
+        return weights, json.loads((folder / BEST_INFO_FILE).read_text())
+    checkpoints = sorted(study_dir.glob(f"{TUNE_DIR}/*{trial_id}*/checkpoint_*"))
+    if checkpoints:
+        state = load_state(checkpoints[-1])  # checkpoint_000004 sorts after checkpoint_000003: the newest
+        if state.best_weights is not None:
+            return state.best_weights, {**state.identity, "best_epoch": state.best_epoch,
+                                        "best_valid": state.best_valid, "best_test": state.best_test,
+                                        "epoch": state.epoch}
+    raise UserError(f"{study_dir}: trial {trial_id} kept no model (no {MODELS_DIR}/{trial_id}/{BEST_WEIGHTS_FILE} "
+                    "and no checkpoint); studies run before models were kept cannot be exported")
+
+
+def prepared_dataset(study: dict[str, Any], identity: dict[str, Any], max_len: int) -> Path:
+    """The prepared dataset the model was trained on: the cached copy with its content hash, or prepared again
+    from the study's dataset section (its source), which must give the same content hash."""
+    from study.data import prepare
+    from study.data.cache import prepared_root
+
+    name, content_hash = identity.get("name"), identity.get("content_hash")
+    if not name or not content_hash:
+        raise UserError("the model records no dataset identity (name, content_hash); it cannot be exported")
+    path = prepared_root() / f"{name}-{content_hash[:12]}"
+    if not (path / "meta.json").is_file():
+        dataset = dict(study.get("dataset") or {"name": name})
+        path = prepare(name, source=dataset.get("source"), max_len=max_len, kcore=dataset.get("kcore"),
+                       progress=False, **dict(dataset.get("options") or {}))
+    meta = json.loads((path / "meta.json").read_text())
+    if meta.get("content_hash") != content_hash:
+        raise UserError(f"{path} holds {name} with content hash {meta.get('content_hash')}, but the model was trained "
+                        f"on {content_hash}: the source changed since the study ran")
+    return path
+
+
+def export_model(study_dir: str | Path, out: str | Path, trial: str | None = None) -> Path:
+    """Write the self-contained model folder (see the module docstring); returns ``out``."""
+    from study.data import raw_items
+
+    study_dir, out = Path(study_dir), Path(out)
+    trial_id, study = choose_trial(study_dir, trial)
+    weights, info = find_best_model(study_dir, trial_id)
+    model_config = dict(info["model_config"])
+    path = prepared_dataset(study, info["dataset"], int(model_config.get("max_len", 50)))
+    items = raw_items(path)  # before anything is written: a dataset without the item map is an error
+    if out.exists() and any(out.iterdir()):
+        raise UserError(f"{out} exists and is not empty; give a new folder")
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save(weights, out / BEST_WEIGHTS_FILE)
+    info = {**info, "study": study.get("name"), "trial_id": trial_id}
+    (out / BEST_INFO_FILE).write_text(json.dumps(info, indent=2, default=str) + "\n")
+    settings = {**info.get("settings", {}), **{k: v for k, v in model_config.items() if k not in DATA_SIZED}}
+    (out / CONFIG_FILE).write_text(f"# python -m study.train --model {info['model']} --dataset "
+                                   f"{info['dataset']['name']} --config {CONFIG_FILE}\n"
+                                   + yaml.safe_dump(settings, sort_keys=False))
+    shutil.copyfile(path / "meta.json", out / DATASET_FILE)
+    pd.DataFrame({"item": range(1, len(items)), "raw_item": items[1:].astype(str)}).to_parquet(out / ITEMS_FILE)
+    pq.write_table(pq.read_table(path / "sequences.parquet", columns=["user", "raw_user", "items"]),
+                   out / HISTORIES_FILE)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m study.export",
+                                     description="Export a study's best (or a chosen) trial's model as a folder.")
+    parser.add_argument("study", help="a study's results folder, e.g. results/sasrec-ml100k")
+    parser.add_argument("out", help="the folder to write (new or empty)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--trial", help="the trial_id to export (trials.parquet)")
+    which.add_argument("--best", action="store_true",
+                       help="the best trial on the study's first validation objective (the default)")
+    args = parser.parse_args(argv)
+    try:
+        out = export_model(args.study, args.out, args.trial)
+    except UserError as error:
+        return print_error(error)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
