@@ -49,7 +49,9 @@ def test_batch_columns_become_two_dimensional_windows() -> None:
     assert stacked.shape == (4, 4) and stacked.dtype == np.int32
     assert as_windows(stacked) is stacked
     # only windows with an input item and a target survive, as in study.train.trainer.user_batches
-    assert keep_trainable({"train": column})["train"].tolist() == [[0, 0, 3, 4], [6, 7, 8, 9]]
+    kept = keep_trainable({"user": np.arange(4), "train": column})
+    assert kept["train"].tolist() == [[0, 0, 3, 4], [6, 7, 8, 9]]
+    assert kept["user"].tolist() == [0, 3]  # each window keeps its user id
 
 
 def test_objectives_read_validation_at_the_best_epoch() -> None:
