@@ -1,4 +1,6 @@
-"""Each zoo model learns: a few epochs on real MovieLens-100K beat the most-popular baseline on validation.
+"""Each zoo model learns: a few epochs on synthetic data sized like LastFM beat the most-popular baseline on
+validation. The generator's sequences follow Markov transitions and per-user interest clusters, which popularity
+cannot see (real-data learning is checked by SASRec, HSTU, FPMC, ELASTIC and LISA on MovieLens-100K and LastFM).
 
 Small settings keep each run within ~30 s on two cores: windows of 30 items, batches of 32 (more steps
 per epoch is what a tiny dataset needs), lr 2e-3, no efficiency probe. Cloze models learn from the
@@ -30,17 +32,17 @@ OBJECTIVE = {"bert4rec": "cloze", "cotten4rec": "cloze", "cotten4rec-causal": "c
 
 
 @pytest.fixture(scope="module")
-def ml100k(ml100k_prepared) -> TrialData:
-    return TrialData.from_prepared(ml100k_prepared, max_len=30)
+def synthetic(synthetic_lastfm_prepared) -> TrialData:
+    return TrialData.from_prepared(synthetic_lastfm_prepared, max_len=30)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("key", RUNS)
-def test_model_beats_popularity_on_validation(key, ml100k):
+def test_model_beats_popularity_on_validation(key, synthetic):
     name, settings = RUNS[key]
     kernels.reset_backend_record()
-    row = run_trial(name, ml100k, {**BASE, "max_len": 30, **settings})
-    popularity = popularity_metrics(ml100k.valid, ml100k.item_popularity)["ndcg@10"]
+    row = run_trial(name, synthetic, {**BASE, "max_len": 30, **settings})
+    popularity = popularity_metrics(synthetic.valid, synthetic.item_popularity)["ndcg@10"]
     assert row["status"] == "ok" and row["objective"] == OBJECTIVE[key]
     assert row["valid_ndcg@10"] > 1.2 * popularity, (row["valid_ndcg@10"], popularity)
     if "causal" in row["config"]:  # the form that ran is in the result row
