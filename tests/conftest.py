@@ -72,6 +72,22 @@ def synthetic_lastfm_prepared(prepared_cache: Path) -> Path:
     return _prepare_in(prepared_cache, "synthetic", None, 50, **SYNTHETIC_LASTFM)
 
 
+@pytest.fixture(scope="session")
+def synthetic_lastfm_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``SYNTHETIC_LASTFM`` as an S3Rec text file like LastFM.txt: ``user item item ...`` per line, users 1..n,
+    items numbered by first appearance. For the file recipes (``lastfm``, ``beauty`` ...) and ``--source``."""
+    import pandas as pd
+
+    from study.data.synthetic import generate, resolve_params
+
+    frame = generate(resolve_params(SYNTHETIC_LASTFM))
+    frame["item"] = pd.factorize(frame["item"])[0] + 1
+    path = tmp_path_factory.mktemp("synthetic-s3rec") / "LastFM.txt"
+    path.write_text("".join(f"{user + 1} {' '.join(map(str, items))}\n"
+                            for user, items in frame.groupby("user", sort=True)["item"]))
+    return path
+
+
 @pytest.fixture(scope="module")
 def s3_server():
     """A real S3-compatible server (moto) on 127.0.0.1, and the AWS variables that point pyarrow at it.
