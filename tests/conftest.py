@@ -88,6 +88,30 @@ def synthetic_lastfm_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def ml100k_shaped_udata(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A GroupLens u.data (TSV, no header) with ML-100K's raw counts, so the recipe takes it for ML-100K.
+
+    Every user and item appears once, the other rows are Zipf-like, so the 5-core drops a tail of both; coarse
+    timestamps give ties that only the file order can break.
+    """
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    rows = 100_000
+
+    def skewed(count: int) -> np.ndarray:
+        ids = np.arange(1, count + 1)
+        weights = 1.0 / ids**1.2
+        return rng.permutation(np.concatenate([ids, rng.choice(ids, rows - count, p=weights / weights.sum())]))
+
+    users, items = skewed(943), skewed(1_682)
+    ratings, timestamps = rng.integers(1, 6, rows), 874_724_710 + rng.integers(0, 50_000, rows)
+    path = tmp_path_factory.mktemp("generated-ml-100k") / "u.data"
+    path.write_text("".join(f"{u}\t{i}\t{r}\t{t}\n" for u, i, r, t in zip(users, items, ratings, timestamps)))
+    return path
+
+
 @pytest.fixture(scope="module")
 def s3_server():
     """A real S3-compatible server (moto) on 127.0.0.1, and the AWS variables that point pyarrow at it.

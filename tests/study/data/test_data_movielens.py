@@ -36,33 +36,11 @@ def ml100k(ml100k_prepared: Path) -> PreparedDataset:
 
 
 @pytest.fixture(scope="module")
-def udata(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A GroupLens u.data (TSV, no header) with ML-100K's raw counts, so the recipe takes it for ML-100K.
-
-    Every user and item appears once, the other rows are Zipf-like, so the 5-core drops a tail of both; coarse
-    timestamps give ties that only the file order can break.
-    """
-    rng = np.random.default_rng(0)
-    rows = 100_000
-
-    def skewed(count: int) -> np.ndarray:
-        ids = np.arange(1, count + 1)
-        weights = 1.0 / ids**1.2
-        return rng.permutation(np.concatenate([ids, rng.choice(ids, rows - count, p=weights / weights.sum())]))
-
-    users, items = skewed(943), skewed(1_682)
-    ratings, timestamps = rng.integers(1, 6, rows), 874_724_710 + rng.integers(0, 50_000, rows)
-    path = tmp_path_factory.mktemp("generated-ml-100k") / "u.data"
-    path.write_text("".join(f"{u}\t{i}\t{r}\t{t}\n" for u, i, r, t in zip(users, items, ratings, timestamps)))
-    return path
-
-
-@pytest.fixture(scope="module")
-def generated(udata: Path, tmp_path_factory: pytest.TempPathFactory) -> PreparedDataset:
+def generated(ml100k_shaped_udata: Path, tmp_path_factory: pytest.TempPathFactory) -> PreparedDataset:
     """The generated u.data through the ml-100k recipe (default 5-core, max_len 200), in a cache of its own."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SEQREC_DATA", str(tmp_path_factory.mktemp("generated-cache")))
-        return load_prepared(prepare("ml-100k", source=udata, progress=False))
+        return load_prepared(prepare("ml-100k", source=ml100k_shaped_udata, progress=False))
 
 
 def reference_sequences(path: Path, k: int) -> dict[int, list[int]]:
@@ -103,9 +81,9 @@ def test_ml100k_5core_statistics(ml100k: PreparedDataset) -> None:
     assert counts.min() >= 5 and np.diff(ml100k.history_indptr).min() >= 5
 
 
-def test_ml100k_matches_independent_reference(udata: Path, generated: PreparedDataset) -> None:
+def test_ml100k_matches_independent_reference(ml100k_shaped_udata: Path, generated: PreparedDataset) -> None:
     """Chronological order, the k-core result and first-appearance ids agree with a plain pandas pipeline."""
-    expected = reference_sequences(udata, 5)
+    expected = reference_sequences(ml100k_shaped_udata, 5)
     assert len(expected) == generated.num_users < 943  # the 5-core dropped users
     assert generated.num_items < 1_682
     for user, sequence in zip(expected, generated.items):
@@ -153,8 +131,8 @@ def test_item_popularity_counts_training_prefixes(generated: PreparedDataset) ->
     assert generated.item_popularity("test").sum() == generated.meta["num_interactions"]
 
 
-def test_small_max_len_windows(udata: Path, generated: PreparedDataset, data_cache: Path) -> None:
-    ds = load_prepared(prepare("ml-100k", source=udata, max_len=3, progress=False))
+def test_small_max_len_windows(ml100k_shaped_udata: Path, generated: PreparedDataset, data_cache: Path) -> None:
+    ds = load_prepared(prepare("ml-100k", source=ml100k_shaped_udata, max_len=3, progress=False))
     assert ds.train.shape == (generated.num_users, 4) and ds.meta["max_len"] == 3
     seq = ds.history(0)
     assert ds.test[0].tolist() == seq[-4:].tolist()
@@ -207,13 +185,13 @@ def http_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
 
 
 def test_download_end_to_end(
-    udata: Path,
+    ml100k_shaped_udata: Path,
     generated: PreparedDataset,
     data_cache: Path,
     http_root: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    (http_root / "ml-100k.zip").write_bytes(_udata_zip(udata))
+    (http_root / "ml-100k.zip").write_bytes(_udata_zip(ml100k_shaped_udata))
     path = prepare("ml-100k", progress=False)
     ds = load_prepared(path)
     assert ds.meta["source"]["url"].endswith("/movielens/ml-100k.zip")
@@ -254,9 +232,9 @@ def test_download_404(data_cache: Path, http_root: Path) -> None:
 
 
 def test_download_with_wrong_counts_is_rejected(
-    udata: Path, data_cache: Path, http_root: Path
+    ml100k_shaped_udata: Path, data_cache: Path, http_root: Path
 ) -> None:
-    (http_root / "ml-100k.zip").write_bytes(_udata_zip(udata, rows=5_000))
+    (http_root / "ml-100k.zip").write_bytes(_udata_zip(ml100k_shaped_udata, rows=5_000))
     with pytest.raises(UserError, match=r"not the expected ml-100k: it has 5,000 interactions"):
         prepare("ml-100k", progress=False)
     assert not (data_cache / "downloads" / "ml-100k.zip").exists()  # removed, so a retry downloads again
@@ -268,10 +246,10 @@ def test_download_with_wrong_counts_is_rejected(
 
 
 def test_source_zip_folder_and_udata_agree(
-    udata: Path, generated: PreparedDataset, tmp_path: Path, data_cache: Path
+    ml100k_shaped_udata: Path, generated: PreparedDataset, tmp_path: Path, data_cache: Path
 ) -> None:
     archive = tmp_path / "ml-100k.zip"
-    archive.write_bytes(_udata_zip(udata))
+    archive.write_bytes(_udata_zip(ml100k_shaped_udata))
     with zipfile.ZipFile(archive) as zf:
         zf.extractall(tmp_path / "unpacked")
     for source in (archive, tmp_path / "unpacked", tmp_path / "unpacked" / "ml-100k" / "u.data"):
