@@ -1,4 +1,5 @@
-"""Shared fixtures: the real benchmark files in ../shared/datasets and a private data cache per test."""
+"""Shared fixtures: a private data cache per test, synthetic data for the machinery tests, and the real benchmark
+files in ../shared/datasets for the few tests whose point is real data (they skip where it is absent)."""
 
 from __future__ import annotations
 
@@ -34,13 +35,13 @@ def prepared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("prepared-cache")
 
 
-def _prepare_in(cache: Path, name: str, source: Path, max_len: int) -> Path:
+def _prepare_in(cache: Path, name: str, source: Path | None, max_len: int, **options: int) -> Path:
     from study.data import prepare
 
     previous = os.environ.get("SEQREC_DATA")
     os.environ["SEQREC_DATA"] = str(cache)
     try:
-        return prepare(name, source=source, max_len=max_len, progress=False)
+        return prepare(name, source=source, max_len=max_len, progress=False, **options)
     finally:
         if previous is None:
             del os.environ["SEQREC_DATA"]
@@ -58,6 +59,57 @@ def ml100k_prepared(shared_datasets: Path, prepared_cache: Path) -> Path:
 def lastfm_prepared(shared_datasets: Path, prepared_cache: Path) -> Path:
     """The shared S3Rec LastFM file (1,090 users), windows of 50 (+1) items: the small real test dataset."""
     return _prepare_in(prepared_cache, "lastfm", shared_datasets / "s3rec" / "LastFM.txt", 50)
+
+
+# The synthetic stand-in for LastFM (1,090 users, 3,646 items, mean length ~48): 1,000 users, 2,703 items drawn
+# (of 3,000), mean length ~48. Machinery tests train on it so that they run where ../shared is absent.
+SYNTHETIC_LASTFM = {"users": 1000, "items": 3000, "length": 50, "seed": 0}
+
+
+@pytest.fixture(scope="session")
+def synthetic_lastfm_prepared(prepared_cache: Path) -> Path:
+    """``SYNTHETIC_LASTFM`` prepared with windows of 50 (+1) items; deterministic, needs no ``../shared``."""
+    return _prepare_in(prepared_cache, "synthetic", None, 50, **SYNTHETIC_LASTFM)
+
+
+@pytest.fixture(scope="session")
+def synthetic_lastfm_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``SYNTHETIC_LASTFM`` as an S3Rec text file like LastFM.txt: ``user item item ...`` per line, users 1..n,
+    items numbered by first appearance. For the file recipes (``lastfm``, ``beauty`` ...) and ``--source``."""
+    import pandas as pd
+
+    from study.data.synthetic import generate, resolve_params
+
+    frame = generate(resolve_params(SYNTHETIC_LASTFM))
+    frame["item"] = pd.factorize(frame["item"])[0] + 1
+    path = tmp_path_factory.mktemp("synthetic-s3rec") / "LastFM.txt"
+    path.write_text("".join(f"{user + 1} {' '.join(map(str, items))}\n"
+                            for user, items in frame.groupby("user", sort=True)["item"]))
+    return path
+
+
+@pytest.fixture(scope="session")
+def ml100k_shaped_udata(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A GroupLens u.data (TSV, no header) with ML-100K's raw counts, so the recipe takes it for ML-100K.
+
+    Every user and item appears once, the other rows are Zipf-like, so the 5-core drops a tail of both; coarse
+    timestamps give ties that only the file order can break.
+    """
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    rows = 100_000
+
+    def skewed(count: int) -> np.ndarray:
+        ids = np.arange(1, count + 1)
+        weights = 1.0 / ids**1.2
+        return rng.permutation(np.concatenate([ids, rng.choice(ids, rows - count, p=weights / weights.sum())]))
+
+    users, items = skewed(943), skewed(1_682)
+    ratings, timestamps = rng.integers(1, 6, rows), 874_724_710 + rng.integers(0, 50_000, rows)
+    path = tmp_path_factory.mktemp("generated-ml-100k") / "u.data"
+    path.write_text("".join(f"{u}\t{i}\t{r}\t{t}\n" for u, i, r, t in zip(users, items, ratings, timestamps)))
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -100,15 +152,17 @@ def s3_bucket(s3_server: dict[str, str], request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def write_tiny_sweep(shared_datasets: Path):
-    """Writes a two-minute SASRec study on the shared LastFM file (one epoch per trial, tiny model)."""
+def write_tiny_sweep():
+    """Writes a two-minute SASRec study on ``SYNTHETIC_LASTFM`` (one epoch per trial, tiny model)."""
     import textwrap
+
+    options = ", ".join(f"{key}: {value}" for key, value in SYNTHETIC_LASTFM.items())
 
     def write(path: Path, *, name: str, storage: str | Path, samples: int, gpu: float = 0) -> Path:
         path.write_text(textwrap.dedent(f"""
             name: {name}
             model: sasrec
-            dataset: {{name: lastfm, source: {shared_datasets / "s3rec" / "LastFM.txt"}}}
+            dataset: {{name: synthetic, options: {{{options}}}}}
             fixed: {{max_len: 20, batch_size: 256, hidden_size: 16, num_layers: 1, num_heads: 1, inner_size: 32,
                     measure_efficiency: false}}
             search:

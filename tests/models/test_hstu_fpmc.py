@@ -1,6 +1,6 @@
 """HSTU and FPMC, the remaining ELASTIC baselines: the math on tiny tensors, causality, gradients, config errors,
-the user ids FPMC reads (through the trainer's batches, the prefix expansion and the evaluator), and learning on
-real LastFM windows.
+the user ids FPMC reads (through the trainer's batches, the prefix expansion and the evaluator, on synthetic
+windows), and learning on real LastFM windows.
 """
 
 from __future__ import annotations
@@ -208,28 +208,28 @@ def test_the_trainer_sizes_num_users_and_rejects_a_wrong_count():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# User ids through the trainer's batches and the evaluator, on real LastFM windows
+# User ids through the trainer's batches and the evaluator, on synthetic windows sized like LastFM's
 
 
 @pytest.fixture(scope="module")
-def lastfm(lastfm_prepared) -> TrialData:
-    return TrialData.from_prepared(lastfm_prepared, max_len=20)
+def data(synthetic_lastfm_prepared) -> TrialData:
+    return TrialData.from_prepared(synthetic_lastfm_prepared, max_len=20)
 
 
-def test_user_batches_carry_each_window_s_user(lastfm):
-    batches = list(user_batches(lastfm.train, 64, np.random.default_rng(0)))
+def test_user_batches_carry_each_window_s_user(data):
+    batches = list(user_batches(data.train, 64, np.random.default_rng(0)))
     assert len(batches) > 1
     for windows, users in batches:
-        np.testing.assert_array_equal(windows, lastfm.train[users])  # rows of the prepared windows are users
+        np.testing.assert_array_equal(windows, data.train[users])  # rows of the prepared windows are users
     seen = np.concatenate([users for _, users in batches])
     assert len(np.unique(seen)) == len(seen)
 
 
-def test_last_objective_prefixes_keep_their_user(lastfm):
+def test_last_objective_prefixes_keep_their_user(data):
     config = TrainConfig(prefixes_per_user=3, batch_size=64)
-    batches = list(epoch_windows(lastfm, iter(()), "last", config, np.random.default_rng(0)))
+    batches = list(epoch_windows(data, iter(()), "last", config, np.random.default_rng(0)))
     assert len(batches) > 1
-    split = lastfm.valid  # histories end right before the validation target: the training sequences
+    split = data.valid  # histories end right before the validation target: the training sequences
     for prefixes, prefix_users in batches[:3]:
         assert len(prefixes) == len(prefix_users)
         for prefix, user in zip(prefixes, prefix_users):
@@ -238,15 +238,15 @@ def test_last_objective_prefixes_keep_their_user(lastfm):
             history = split.history_items[start:start + split.history_lengths[user]]
             # a prefix of user u is a contiguous piece of u's training history ending at one of its targets
             assert any(np.array_equal(history[end - len(real):end], real) for end in range(len(real), len(history) + 1))
-    windows, users = next(epoch_windows(lastfm, [lastfm.train[:5]], "causal", config, np.random.default_rng(0)))
+    windows, users = next(epoch_windows(data, [data.train[:5]], "causal", config, np.random.default_rng(0)))
     assert users is None  # a source of bare windows (a Ray Data shard) carries no user ids
 
 
-def test_the_evaluator_scores_row_u_as_user_u(lastfm):
+def test_the_evaluator_scores_row_u_as_user_u(data):
     torch.manual_seed(0)
-    model = models.build("fpmc", num_items=lastfm.num_items, max_len=20, num_users=lastfm.meta["num_users"]).eval()
-    inputs = torch.as_tensor(lastfm.valid.inputs, dtype=torch.long)
-    targets = torch.as_tensor(lastfm.valid.targets, dtype=torch.long)
+    model = models.build("fpmc", num_items=data.num_items, max_len=20, num_users=data.meta["num_users"]).eval()
+    inputs = torch.as_tensor(data.valid.inputs, dtype=torch.long)
+    targets = torch.as_tensor(data.valid.targets, dtype=torch.long)
 
     def by_hand(users: torch.Tensor) -> dict[str, float]:
         with torch.no_grad():
@@ -254,7 +254,7 @@ def test_the_evaluator_scores_row_u_as_user_u(lastfm):
         scores[:, 0] = float("-inf")
         return metrics_from_ranks(rank_of_target(scores, scores.gather(1, targets[:, None]).squeeze(1)))
 
-    evaluated = evaluate(model, lastfm.valid, batch_size=100, device=torch.device("cpu"))
+    evaluated = evaluate(model, data.valid, batch_size=100, device=torch.device("cpu"))
     users = torch.arange(len(inputs))
     assert evaluated == pytest.approx(by_hand(users))
     assert evaluated != pytest.approx(by_hand(users.flip(0)))  # the user term matters to the figures

@@ -1,5 +1,5 @@
 """Reproduction details (issue #15): RecBole's feed-forward, what LinRec's causal form does and does not equal,
-and LinRec as the Cotten4Rec paper's baseline (ELU + 1 inside BERT4Rec). Real MovieLens-100K windows."""
+and LinRec as the Cotten4Rec paper's baseline (ELU + 1 inside BERT4Rec). Synthetic windows, short and full."""
 
 from __future__ import annotations
 
@@ -16,21 +16,21 @@ MAX_LEN = 30
 
 
 @pytest.fixture(scope="module")
-def ml100k(ml100k_prepared) -> TrialData:
-    return TrialData.from_prepared(ml100k_prepared, max_len=MAX_LEN)
+def data(synthetic_prepared) -> TrialData:
+    return TrialData.from_prepared(synthetic_prepared, max_len=MAX_LEN)
 
 
 @pytest.fixture(scope="module")
-def windows(ml100k) -> torch.Tensor:
-    """Sixteen real test windows: the eight shortest users (left-padded) and eight full ones."""
-    lengths = (ml100k.test.inputs > 0).sum(1)
+def windows(data) -> torch.Tensor:
+    """Sixteen test windows: the eight shortest users (left-padded) and eight full ones."""
+    lengths = (data.test.inputs > 0).sum(1)
     order = np.argsort(lengths, kind="stable")
-    return torch.as_tensor(ml100k.test.inputs[np.concatenate([order[:8], order[-8:]])], dtype=torch.long)
+    return torch.as_tensor(data.test.inputs[np.concatenate([order[:8], order[-8:]])], dtype=torch.long)
 
 
-def build(ml100k: TrialData, name: str, **hparams) -> models.SeqRecModel:
+def build(data: TrialData, name: str, **hparams) -> models.SeqRecModel:
     torch.manual_seed(0)
-    return models.build(name, num_items=ml100k.num_items, max_len=MAX_LEN, **hparams)
+    return models.build(name, num_items=data.num_items, max_len=MAX_LEN, **hparams)
 
 
 def inner_activations(ffn: FeedForward, x: torch.Tensor) -> torch.Tensor:
@@ -48,9 +48,9 @@ def inner_activations(ffn: FeedForward, x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name", ["sasrec", "bert4rec", "cotten4rec", "linrec"])
-def test_feed_forward_has_no_dropout_between_its_linears_by_default(name, ml100k, windows):
+def test_feed_forward_has_no_dropout_between_its_linears_by_default(name, data, windows):
     """RecBole's FeedForward: Linear → activation → Linear; the block drops out only the branch's output."""
-    model = build(ml100k, name, dropout=0.5).train()
+    model = build(data, name, dropout=0.5).train()
     assert model.config.to_dict()["ffn_inner_dropout"] is False
     ffn = model.encoder.blocks[0].ffn
     with torch.no_grad():
@@ -61,8 +61,8 @@ def test_feed_forward_has_no_dropout_between_its_linears_by_default(name, ml100k
 
 
 @pytest.mark.parametrize("name", ["sasrec", "bert4rec", "cotten4rec", "linrec"])
-def test_ffn_inner_dropout_restores_the_earlier_form(name, ml100k, windows):
-    model = build(ml100k, name, dropout=0.5, ffn_inner_dropout=True).train()
+def test_ffn_inner_dropout_restores_the_earlier_form(name, data, windows):
+    model = build(data, name, dropout=0.5, ffn_inner_dropout=True).train()
     ffn = model.encoder.blocks[0].ffn
     with torch.no_grad():
         x = model.embedding(windows)
@@ -79,25 +79,25 @@ def test_ffn_inner_dropout_restores_the_earlier_form(name, ml100k, windows):
 # --------------------------------------------------------------------------- LinRec: causal form vs the paper's
 
 
-def ranked_hidden_pair(ml100k: TrialData, windows: torch.Tensor, num_layers: int, key_norm: str):
-    causal = build(ml100k, "linrec", causal=True, num_layers=num_layers, key_norm=key_norm).eval()
-    paper = build(ml100k, "linrec", causal=False, num_layers=num_layers, key_norm=key_norm).eval()
+def ranked_hidden_pair(data: TrialData, windows: torch.Tensor, num_layers: int, key_norm: str):
+    causal = build(data, "linrec", causal=True, num_layers=num_layers, key_norm=key_norm).eval()
+    paper = build(data, "linrec", causal=False, num_layers=num_layers, key_norm=key_norm).eval()
     paper.load_state_dict(causal.state_dict())
     with torch.no_grad():
         return causal.last_hidden(windows), paper.last_hidden(windows)
 
 
 @pytest.mark.parametrize("key_norm", ["column", "row"])
-def test_one_layer_causal_linrec_is_the_papers_model_at_the_ranked_position(key_norm, ml100k, windows):
-    ours, theirs = ranked_hidden_pair(ml100k, windows, 1, key_norm)
+def test_one_layer_causal_linrec_is_the_papers_model_at_the_ranked_position(key_norm, data, windows):
+    ours, theirs = ranked_hidden_pair(data, windows, 1, key_norm)
     assert torch.isfinite(ours).all() and torch.isfinite(theirs).all()
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("key_norm", ["column", "row"])
-def test_two_layer_causal_linrec_is_not_the_papers_model(key_norm, ml100k, windows):
+def test_two_layer_causal_linrec_is_not_the_papers_model(key_norm, data, windows):
     """The second layer reads earlier positions, where the causal first layer saw only a prefix."""
-    ours, theirs = ranked_hidden_pair(ml100k, windows, 2, key_norm)
+    ours, theirs = ranked_hidden_pair(data, windows, 2, key_norm)
     assert torch.isfinite(ours).all() and torch.isfinite(theirs).all()
     gap = (ours - theirs).abs().max().item()
     assert gap > 1e-4
@@ -118,10 +118,10 @@ def naive_elu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_elu_feature_map_is_elu_plus_one_linear_attention_without_norms(causal, ml100k, windows):
+def test_elu_feature_map_is_elu_plus_one_linear_attention_without_norms(causal, data, windows):
     from models.mixers import merge_heads, split_heads
 
-    model = build(ml100k, "linrec", feature_map="elu", causal=causal).eval()
+    model = build(data, "linrec", feature_map="elu", causal=causal).eval()
     mixer, valid = model.encoder.blocks[0].mixer, windows > 0
     with torch.no_grad():
         x = model.embedding(windows)
@@ -129,18 +129,18 @@ def test_elu_feature_map_is_elu_plus_one_linear_attention_without_norms(causal, 
         expected = mixer.out(merge_heads(naive_elu_attention(q, k, v, valid, causal)).float())
         ours = mixer(x, valid)
     torch.testing.assert_close(ours[valid], expected[valid], atol=1e-4, rtol=1e-4)
-    l2 = build(ml100k, "linrec", causal=causal).eval()
+    l2 = build(data, "linrec", causal=causal).eval()
     l2.load_state_dict(model.state_dict())
     with torch.no_grad():
         assert not torch.allclose(l2.encoder.blocks[0].mixer(x, valid)[valid], ours[valid], atol=1e-3)
 
 
-def test_cloze_form_is_linrec_inside_bert4rec(ml100k, windows):
+def test_cloze_form_is_linrec_inside_bert4rec(data, windows):
     """Mask token, BERT's prediction transform and cloze training: the setting of Cotten4Rec's baseline."""
-    model = build(ml100k, "linrec", feature_map="elu", cloze=True)
+    model = build(data, "linrec", feature_map="elu", cloze=True)
     assert resolve_objective(model, "auto") == "cloze" and model.objectives == ("cloze", "last")
-    assert model.item_weights().shape[0] == ml100k.num_items + 1  # the mask token is never ranked
-    bert = build(ml100k, "bert4rec", hidden_size=128, inner_size=256)
+    assert model.item_weights().shape[0] == data.num_items + 1  # the mask token is never ranked
+    bert = build(data, "bert4rec", hidden_size=128, inner_size=256)
     assert model.embedding.items.weight.shape[0] == bert.embedding.items.weight.shape[0]
     assert [type(m) for m in model.head] == [type(m) for m in bert.head]
     model.eval()
@@ -148,7 +148,7 @@ def test_cloze_form_is_linrec_inside_bert4rec(ml100k, windows):
         masked = torch.cat([windows[:, 1:], torch.full_like(windows[:, :1], model.mask_token)], dim=1)
         torch.testing.assert_close(model.last_hidden(windows), model(masked)[:, -1])
     model.train()
-    batch = torch.as_tensor(ml100k.train[:32], dtype=torch.long)
+    batch = torch.as_tensor(data.train[:32], dtype=torch.long)
     loss = objective_loss("cloze", model, batch, mask_prob=0.2, generator=torch.Generator().manual_seed(0))
     loss.backward()
     assert torch.isfinite(loss) and model.embedding.items.weight.grad[model.mask_token].abs().sum() > 0

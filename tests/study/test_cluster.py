@@ -24,7 +24,6 @@ from study.cluster import check_address, runtime_env
 from study.errors import UserError
 
 REPO = Path(__file__).resolve().parents[2]
-LASTFM = REPO.parent / "shared" / "datasets" / "s3rec" / "LastFM.txt"
 LOOPBACK = "127.0.0.1"
 LOOPBACK_DRIVER = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # see driver_env
 
@@ -154,7 +153,6 @@ def two_nodes(s3_server: dict[str, str]):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not LASTFM.is_file(), reason=f"{LASTFM} is not available")
 def test_sweep_runs_its_trials_on_both_nodes(tmp_path: Path, two_nodes, write_tiny_sweep) -> None:
     out = tmp_path / "out"
     study = write_tiny_sweep(tmp_path / "study.yaml", name="two-nodes", storage=out, samples=2)
@@ -178,7 +176,6 @@ def test_sweep_runs_its_trials_on_both_nodes(tmp_path: Path, two_nodes, write_ti
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not LASTFM.is_file(), reason=f"{LASTFM} is not available")
 def test_a_gpu_trial_on_a_cpu_cluster_fails_up_front(tmp_path: Path, two_nodes, write_tiny_sweep) -> None:
     out = tmp_path / "out"
     study = write_tiny_sweep(tmp_path / "gpu.yaml", name="two-nodes", storage=out, samples=2, gpu=0.5)
@@ -190,7 +187,6 @@ def test_a_gpu_trial_on_a_cpu_cluster_fails_up_front(tmp_path: Path, two_nodes, 
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not LASTFM.is_file(), reason=f"{LASTFM} is not available")
 def test_a_sweep_over_ray_client_runs_on_the_cluster_and_lands_in_s3(tmp_path: Path, two_nodes, s3_bucket: str,
                                                                       write_tiny_sweep) -> None:
     import pyarrow.fs as pafs
@@ -226,7 +222,6 @@ def test_a_sweep_over_ray_client_runs_on_the_cluster_and_lands_in_s3(tmp_path: P
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not LASTFM.is_file(), reason=f"{LASTFM} is not available")
 def test_ray_client_with_a_local_folder_is_refused_up_front(tmp_path: Path, two_nodes, write_tiny_sweep) -> None:
     study = write_tiny_sweep(tmp_path / "local.yaml", name="two-nodes", storage=tmp_path / "out", samples=1)
     done, _ = run_sweep(study, two_nodes.client_address, driver_env(tmp_path), timeout=120, cwd=tmp_path)
@@ -237,7 +232,6 @@ def test_ray_client_with_a_local_folder_is_refused_up_front(tmp_path: Path, two_
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not LASTFM.is_file(), reason=f"{LASTFM} is not available")
 def test_an_error_on_the_head_reaches_the_ray_client_as_an_error_line(tmp_path: Path, two_nodes, s3_bucket: str,
                                                                        write_tiny_sweep) -> None:
     study = write_tiny_sweep(tmp_path / "gpu.yaml", name="two-nodes", storage=f"{s3_bucket}/gpu", samples=2,

@@ -20,8 +20,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def offline_env(tmp_path: Path, shared_datasets: Path) -> tuple[dict[str, str], Path]:
-    lines = (shared_datasets / "ml-100k" / "ml-100k.inter").read_text().splitlines()[1:]  # RecBole header dropped
+def offline_env(tmp_path: Path, ml100k_shaped_udata: Path) -> tuple[dict[str, str], Path]:
+    lines = ml100k_shaped_udata.read_text().splitlines()
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:  # GroupLens layout: ml-100k/u.data
         archive.writestr("ml-100k/u.data", "\n".join(lines) + "\n")
@@ -39,7 +39,13 @@ def run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Completed
 
 @pytest.mark.slow
 def test_prepare_once_then_train_and_sweep_by_name_offline(offline_env: tuple[dict[str, str], Path],
-                                                           tmp_path: Path) -> None:
+                                                           tmp_path: Path, ml100k_shaped_udata: Path) -> None:
+    from study.data import load_prepared, prepare
+
+    with pytest.MonkeyPatch.context() as patch:  # the statistics the listing should show, prepared apart
+        patch.setenv("SEQREC_DATA", str(tmp_path / "expected"))
+        expected = load_prepared(prepare("ml-100k", source=ml100k_shaped_udata, progress=False))
+
     env, zipped = offline_env
     done = run(["study.data", "prepare", "ml-100k", "--source", str(zipped), "--quiet"], env, tmp_path)
     assert done.returncode == 0, done.stderr
@@ -47,7 +53,8 @@ def test_prepare_once_then_train_and_sweep_by_name_offline(offline_env: tuple[di
 
     listing = run(["study.data", "list"], env, tmp_path)
     assert listing.returncode == 0
-    assert "943 users, 1,349 items" in listing.stdout and "kept in the cache" in listing.stdout
+    assert f"{expected.num_users:,} users, {expected.num_items:,} items" in listing.stdout
+    assert "kept in the cache" in listing.stdout
 
     done = run(["study.train", "--model", "sasrec", "--dataset", "ml-100k", "--no-progress", "--set", "max_epochs=1",
                 "--set", "max_len=30", "--set", "hidden_size=16", "--set", "num_layers=1", "--set", "num_heads=1",

@@ -1,8 +1,9 @@
-"""End to end on real data: two tiny LastFM sweeps (SASRec, GRU4Rec), two replicate seeds each, one report.
+"""End to end: two tiny sweeps (SASRec, GRU4Rec) through the lastfm recipe, on a synthetic S3Rec file (no
+``../shared`` needed), two replicate seeds each, one report.
 
 The studies run once per module on one Ray instance (2 CPUs): sweep CLI → replicate CLI → report CLI, then the
 outputs are checked against their inputs (fronts by brute force, tests against scipy on the replicate rows).
-Bad input is checked on copies of the real folders, without Ray.
+Bad input is checked on copies of those folders, without Ray.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ storage: {storage}
 
 
 @pytest.fixture(scope="module")
-def studies(tmp_path_factory: pytest.TempPathFactory, shared_datasets: Path) -> dict[str, Path]:
+def studies(tmp_path_factory: pytest.TempPathFactory, synthetic_lastfm_file: Path) -> dict[str, Path]:
     """results/<study> of both models, each with a sweep of 2 trials and 2 replicates of its best configuration."""
     import ray
 
@@ -57,7 +58,7 @@ def studies(tmp_path_factory: pytest.TempPathFactory, shared_datasets: Path) -> 
                 folder = root / "results" / f"lastfm-{model}"
                 spec = root / f"{model}.yaml"
                 spec.write_text(STUDY_YAML.format(name=f"lastfm-{model}", model=model, storage=folder,
-                                                  source=shared_datasets / "s3rec" / "LastFM.txt"))
+                                                  source=synthetic_lastfm_file))
                 assert sweep.main([str(spec), "--quiet"]) == 0
                 assert replicate_cli.main([str(folder), "--seeds", "2", "--select", "top:1", "--quiet"]) == 0
                 folders[model] = folder
@@ -67,6 +68,7 @@ def studies(tmp_path_factory: pytest.TempPathFactory, shared_datasets: Path) -> 
         assert report_cli.main([str(folders["sasrec"]), str(folders["gru4rec"]), "--out", str(out)]) == 0
         folders["report"] = out
         folders["cache"] = root / "cache"
+        folders["source"] = synthetic_lastfm_file
         yield folders
 
 
@@ -106,7 +108,8 @@ def test_report_files(studies: dict[str, Path]) -> None:
                     "## Pareto fronts", "Hypervolume reference point"):
         assert section in markdown
     assert "SYNTHETIC" not in markdown and "MIXED PROTOCOLS" not in markdown
-    assert "| lastfm |" in markdown and "1,090" in markdown  # dataset statistics from the prepared copy
+    users = len(studies["source"].read_text().splitlines())
+    assert "| lastfm |" in markdown and f"{users:,}" in markdown  # dataset statistics from the prepared copy
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") >= 3 and "<img" in html and 'src="pareto' not in html
     for a, b in (("valid_ndcg_10", "peak_mem_mb"), ("valid_ndcg_10", "infer_ms_p50"), ("peak_mem_mb", "infer_ms_p50")):

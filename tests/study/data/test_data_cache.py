@@ -12,8 +12,14 @@ from study.errors import UserError
 
 
 @pytest.fixture
-def lastfm(shared_datasets: Path) -> Path:
-    return shared_datasets / "s3rec" / "LastFM.txt"
+def lastfm(synthetic_lastfm_file: Path) -> Path:
+    """A file in LastFM.txt's format (synthetic sequences, so no ``../shared`` is needed)."""
+    return synthetic_lastfm_file
+
+
+def users_in(path: Path) -> int:
+    """Users of an S3Rec file: one per line."""
+    return len(path.read_text().splitlines())
 
 
 def test_second_call_reuses_without_work(
@@ -47,7 +53,7 @@ def test_options_and_content_change_the_hash(lastfm: Path, data_cache: Path, tmp
     lines = copy.read_text().splitlines()
     copy.write_text("\n".join(lines[:-1]) + "\n")
     changed = prepare("lastfm", source=copy, progress=False)
-    assert changed != base and load_prepared(changed).meta["num_users"] == 1_089
+    assert changed != base and load_prepared(changed).meta["num_users"] == users_in(lastfm) - 1
 
 
 def test_window_length_is_not_part_of_the_identity(lastfm: Path, data_cache: Path,
@@ -55,7 +61,7 @@ def test_window_length_is_not_part_of_the_identity(lastfm: Path, data_cache: Pat
     """max_len is a model setting: every length shares one dataset (one hash), whose windows widen on demand."""
     short = prepare("lastfm", source=lastfm, max_len=50, progress=False)
     narrow = load_prepared(short)
-    assert narrow.train.shape == (1_090, 51)
+    assert narrow.train.shape == (users_in(lastfm), 51)
 
     def no_source_read(*args: object, **kwargs: object) -> None:
         raise AssertionError("widening must not re-read the source")
@@ -64,12 +70,12 @@ def test_window_length_is_not_part_of_the_identity(lastfm: Path, data_cache: Pat
     wide = prepare("lastfm", source=lastfm, max_len=120, progress=False)
     assert wide == short
     widened = load_prepared(wide)
-    assert widened.train.shape == (1_090, 121) and widened.meta["max_len"] == 120
+    assert widened.train.shape == (users_in(lastfm), 121) and widened.meta["max_len"] == 120
     assert widened.meta["content_hash"] == narrow.meta["content_hash"]
     for split in ("train", "valid", "test"):  # the old windows are the right end of the new ones
         assert (getattr(widened, split)[:, -51:] == getattr(narrow, split)).all()
     assert prepare("lastfm", source=lastfm, max_len=30, progress=False) == short  # shorter: reused as is
-    assert load_prepared(short).train.shape == (1_090, 121)
+    assert load_prepared(short).train.shape == (users_in(lastfm), 121)
 
 
 def test_prepared_dataset_is_used_by_name(lastfm: Path, data_cache: Path, tmp_path: Path) -> None:
@@ -114,7 +120,7 @@ def test_failure_midway_leaves_nothing(
     assert list((data_cache / "prepared").iterdir()) == []
     monkeypatch.undo()
     monkeypatch.setenv("SEQREC_DATA", str(data_cache))
-    assert load_prepared(prepare("lastfm", source=lastfm, progress=False)).num_users == 1_090
+    assert load_prepared(prepare("lastfm", source=lastfm, progress=False)).num_users == users_in(lastfm)
 
 
 def test_bad_inputs_write_nothing(lastfm: Path, data_cache: Path, tmp_path: Path) -> None:

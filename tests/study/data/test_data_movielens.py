@@ -1,4 +1,5 @@
-"""MovieLens recipes on the real ML-100K file: counts, order, k-core, ids, split, download, file formats."""
+"""MovieLens recipes: the real ML-100K file's published counts, and on a generated u.data with ML-100K's raw counts
+(no ``../shared`` needed) order, k-core, ids, split, download and file formats."""
 
 from __future__ import annotations
 
@@ -34,10 +35,18 @@ def ml100k(ml100k_prepared: Path) -> PreparedDataset:
     return load_prepared(ml100k_prepared)
 
 
-def reference_sequences(path: Path, k: int) -> list[list[int]]:
+@pytest.fixture(scope="module")
+def generated(ml100k_shaped_udata: Path, tmp_path_factory: pytest.TempPathFactory) -> PreparedDataset:
+    """The generated u.data through the ml-100k recipe (default 5-core, max_len 200), in a cache of its own."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SEQREC_DATA", str(tmp_path_factory.mktemp("generated-cache")))
+        return load_prepared(prepare("ml-100k", source=ml100k_shaped_udata, progress=False))
+
+
+def reference_sequences(path: Path, k: int) -> dict[int, list[int]]:
     """Independent pandas implementation of the recipe: stable sort by (user, time, file order), iterative
-    k-core, items numbered by first appearance; one list of item ids per user in numeric user order."""
-    df = pd.read_csv(path, sep="\t")
+    k-core, items numbered by first appearance; the item ids of each kept user, in numeric user order."""
+    df = pd.read_csv(path, sep="\t", header=None)
     df.columns = ["user", "item", "rating", "timestamp"]
     df["line"] = np.arange(len(df))
     df = df.sort_values(["user", "timestamp", "line"], kind="stable")
@@ -49,7 +58,7 @@ def reference_sequences(path: Path, k: int) -> list[list[int]]:
             break
         df = df[keep]
     df = df.assign(iid=pd.factorize(df["item"])[0] + 1)
-    return [group.tolist() for _, group in df.groupby("user", sort=True)["iid"]]
+    return {user: group.tolist() for user, group in df.groupby("user", sort=True)["iid"]}
 
 
 def test_ml100k_raw_counts(ml100k_inter: Path, ml100k: PreparedDataset) -> None:
@@ -72,17 +81,18 @@ def test_ml100k_5core_statistics(ml100k: PreparedDataset) -> None:
     assert counts.min() >= 5 and np.diff(ml100k.history_indptr).min() >= 5
 
 
-def test_ml100k_matches_independent_reference(ml100k_inter: Path, ml100k: PreparedDataset) -> None:
+def test_ml100k_matches_independent_reference(ml100k_shaped_udata: Path, generated: PreparedDataset) -> None:
     """Chronological order, the k-core result and first-appearance ids agree with a plain pandas pipeline."""
-    expected = reference_sequences(ml100k_inter, 5)
-    assert len(expected) == ml100k.num_users
-    for user, sequence in enumerate(ml100k.items):
+    expected = reference_sequences(ml100k_shaped_udata, 5)
+    assert len(expected) == generated.num_users < 943  # the 5-core dropped users
+    assert generated.num_items < 1_682
+    for user, sequence in zip(expected, generated.items):
         assert sequence.tolist() == expected[user], user
-    assert ml100k.raw_users.tolist() == [str(u) for u in range(1, 944)]  # numeric order of raw ids
+    assert generated.raw_users.tolist() == [str(u) for u in expected]  # numeric order of raw ids
 
 
-def test_ml100k_ids_and_padding(ml100k: PreparedDataset) -> None:
-    ds = ml100k
+def test_ml100k_ids_and_padding(generated: PreparedDataset) -> None:
+    ds = generated
     used = np.unique(ds.history_indices)
     assert used.tolist() == list(range(1, ds.num_items + 1))  # contiguous, 0 never used by an item
     # first appearance: scanning users in order, every new id is exactly one more than the largest so far
@@ -97,8 +107,8 @@ def test_ml100k_ids_and_padding(ml100k: PreparedDataset) -> None:
     assert ds.history_indptr[0] == 0 and ds.history_indptr[-1] == ds.meta["num_interactions"]
 
 
-def test_ml100k_leave_one_out(ml100k: PreparedDataset) -> None:
-    ds, width = ml100k, 201
+def test_ml100k_leave_one_out(generated: PreparedDataset) -> None:
+    ds, width = generated, 201
     for user, seq in enumerate(ds.items):
         assert (
             ds.test[user, -1] == seq[-1] and ds.valid[user, -1] == seq[-2] and ds.train[user, -1] == seq[-3]
@@ -112,18 +122,18 @@ def test_ml100k_leave_one_out(ml100k: PreparedDataset) -> None:
     assert np.array_equal(ds.test[:, -2], ds.valid[:, -1])
 
 
-def test_item_popularity_counts_training_prefixes(ml100k: PreparedDataset) -> None:
-    pop = ml100k.item_popularity()
-    assert pop.shape == (ml100k.num_items + 1,) and pop[0] == 0
-    assert pop.sum() == ml100k.meta["num_interactions"] - 2 * ml100k.num_users
-    expected = np.bincount(np.concatenate([s[:-2] for s in ml100k.items]), minlength=ml100k.num_items + 1)
+def test_item_popularity_counts_training_prefixes(generated: PreparedDataset) -> None:
+    pop = generated.item_popularity()
+    assert pop.shape == (generated.num_items + 1,) and pop[0] == 0
+    assert pop.sum() == generated.meta["num_interactions"] - 2 * generated.num_users
+    expected = np.bincount(np.concatenate([s[:-2] for s in generated.items]), minlength=generated.num_items + 1)
     assert np.array_equal(pop, expected)
-    assert ml100k.item_popularity("test").sum() == ml100k.meta["num_interactions"]
+    assert generated.item_popularity("test").sum() == generated.meta["num_interactions"]
 
 
-def test_small_max_len_windows(ml100k_inter: Path, data_cache: Path) -> None:
-    ds = load_prepared(prepare("ml-100k", source=ml100k_inter, max_len=3, progress=False))
-    assert ds.train.shape == (943, 4) and ds.meta["max_len"] == 3
+def test_small_max_len_windows(ml100k_shaped_udata: Path, generated: PreparedDataset, data_cache: Path) -> None:
+    ds = load_prepared(prepare("ml-100k", source=ml100k_shaped_udata, max_len=3, progress=False))
+    assert ds.train.shape == (generated.num_users, 4) and ds.meta["max_len"] == 3
     seq = ds.history(0)
     assert ds.test[0].tolist() == seq[-4:].tolist()
     assert ds.valid[0].tolist() == seq[-5:-1].tolist()
@@ -134,9 +144,9 @@ def test_small_max_len_windows(ml100k_inter: Path, data_cache: Path) -> None:
 # Download path, against a local HTTP server
 
 
-def _udata_zip(inter: Path, rows: int | None = None) -> bytes:
-    """A GroupLens-style ml-100k.zip whose ml-100k/u.data holds the shared file's rows (TSV, no header)."""
-    lines = inter.read_text().splitlines()[1:]
+def _udata_zip(udata: Path, rows: int | None = None) -> bytes:
+    """A GroupLens-style ml-100k.zip whose ml-100k/u.data holds the given u.data's rows (TSV, no header)."""
+    lines = udata.read_text().splitlines()
     if rows is not None:
         lines = lines[:rows]
     buffer = io.BytesIO()
@@ -175,20 +185,21 @@ def http_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
 
 
 def test_download_end_to_end(
-    ml100k_inter: Path,
-    ml100k: PreparedDataset,
+    ml100k_shaped_udata: Path,
+    generated: PreparedDataset,
     data_cache: Path,
     http_root: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    (http_root / "ml-100k.zip").write_bytes(_udata_zip(ml100k_inter))
+    (http_root / "ml-100k.zip").write_bytes(_udata_zip(ml100k_shaped_udata))
     path = prepare("ml-100k", progress=False)
     ds = load_prepared(path)
     assert ds.meta["source"]["url"].endswith("/movielens/ml-100k.zip")
     assert ds.meta["source"]["file"].endswith("ml-100k.zip:ml-100k/u.data")
     assert ds.meta["verified"]["matched"] is True
-    assert {key: ds.meta[key] for key in ML100K_5CORE} == ML100K_5CORE
-    assert np.array_equal(ds.test, ml100k.test) and np.array_equal(ds.history_indices, ml100k.history_indices)
+    assert {key: ds.meta[key] for key in ML100K_5CORE} == {key: generated.meta[key] for key in ML100K_5CORE}
+    assert np.array_equal(ds.test, generated.test)
+    assert np.array_equal(ds.history_indices, generated.history_indices)
     assert (data_cache / "downloads" / "ml-100k.zip").is_file()
     assert not list((data_cache / "downloads").glob(".*part"))
     # the archive is cached: with the server gone, the same call still works and reuses the prepared copy
@@ -221,9 +232,9 @@ def test_download_404(data_cache: Path, http_root: Path) -> None:
 
 
 def test_download_with_wrong_counts_is_rejected(
-    ml100k_inter: Path, data_cache: Path, http_root: Path
+    ml100k_shaped_udata: Path, data_cache: Path, http_root: Path
 ) -> None:
-    (http_root / "ml-100k.zip").write_bytes(_udata_zip(ml100k_inter, rows=5_000))
+    (http_root / "ml-100k.zip").write_bytes(_udata_zip(ml100k_shaped_udata, rows=5_000))
     with pytest.raises(UserError, match=r"not the expected ml-100k: it has 5,000 interactions"):
         prepare("ml-100k", progress=False)
     assert not (data_cache / "downloads" / "ml-100k.zip").exists()  # removed, so a retry downloads again
@@ -235,15 +246,15 @@ def test_download_with_wrong_counts_is_rejected(
 
 
 def test_source_zip_folder_and_udata_agree(
-    ml100k_inter: Path, ml100k: PreparedDataset, tmp_path: Path, data_cache: Path
+    ml100k_shaped_udata: Path, generated: PreparedDataset, tmp_path: Path, data_cache: Path
 ) -> None:
     archive = tmp_path / "ml-100k.zip"
-    archive.write_bytes(_udata_zip(ml100k_inter))
+    archive.write_bytes(_udata_zip(ml100k_shaped_udata))
     with zipfile.ZipFile(archive) as zf:
         zf.extractall(tmp_path / "unpacked")
     for source in (archive, tmp_path / "unpacked", tmp_path / "unpacked" / "ml-100k" / "u.data"):
         ds = load_prepared(prepare("ml-100k", source=source, progress=False))
-        assert np.array_equal(ds.history_indices, ml100k.history_indices), source
+        assert np.array_equal(ds.history_indices, generated.history_indices), source
         assert ds.meta["verified"]["matched"] is True
 
 
@@ -298,24 +309,24 @@ def test_ml1m_from_local_ratings_dat(tmp_path: Path, data_cache: Path, capsys: p
     assert ds.meta["source"]["file"].endswith("ratings.dat")
 
 
-def test_output_contract(ml100k: PreparedDataset) -> None:
+def test_output_contract(generated: PreparedDataset) -> None:
     """The exact file layout the trainer and the sweep driver depend on."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schema = pq.read_schema(ml100k.path / "sequences.parquet")
+    schema = pq.read_schema(generated.path / "sequences.parquet")
     assert schema.field("user").type == pa.int64() and schema.field("raw_user").type == pa.string()
     assert schema.field("items").type == pa.list_(pa.int32())
     for split in ("train", "valid", "test"):
         assert schema.field(split).type == pa.list_(pa.int32(), 201)  # fixed_size_list<int32>[max_len + 1]
-    table = pq.read_table(ml100k.path / "sequences.parquet", columns=["user"])
-    assert table.column("user").to_numpy().tolist() == list(range(943))
+    table = pq.read_table(generated.path / "sequences.parquet", columns=["user"])
+    assert table.column("user").to_numpy().tolist() == list(range(generated.num_users))
     required = {
         "name", "recipe", "synthetic", "num_users", "num_items", "num_interactions", "length", "source",
         "kcore", "max_len", "split", "dropped_short_users", "format_version", "content_hash", "created",
     }
-    assert required <= set(ml100k.meta)
-    assert set(ml100k.meta["length"]) == {"mean", "median", "max", "min"}
-    assert {"path", "sha256"} <= set(ml100k.meta["source"])
-    assert ml100k.meta["recipe"] == {"name": "ml-100k", "kcore": 5}  # the window length is no part of it
-    assert ml100k.train.flags.writeable and ml100k.history_indices.dtype == np.int32
+    assert required <= set(generated.meta)
+    assert set(generated.meta["length"]) == {"mean", "median", "max", "min"}
+    assert {"path", "sha256"} <= set(generated.meta["source"])
+    assert generated.meta["recipe"] == {"name": "ml-100k", "kcore": 5}  # the window length is no part of it
+    assert generated.train.flags.writeable and generated.history_indices.dtype == np.int32

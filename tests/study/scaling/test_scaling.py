@@ -41,10 +41,11 @@ def write_study(tmp_path: Path, data: dict, name: str = "study.yaml") -> Path:
     return path
 
 
-def tiny_study(shared_datasets: Path, storage: Path, **changes) -> dict:
+def tiny_study(source: Path, storage: Path, **changes) -> dict:
+    """A two-model study on ``source``, a file in LastFM's format (the tests pass the synthetic one)."""
     study = {
         "name": "tiny",
-        "dataset": {"name": "lastfm", "source": str(shared_datasets / "s3rec" / "LastFM.txt")},
+        "dataset": {"name": "lastfm", "source": str(source)},
         "models": [{"label": "sasrec-math", "model": "sasrec", "config": {"attention_backend": "math"},
                     "expected_growth": "quadratic"},
                    {"model": "linrec", "config": {"hidden_size": 64, "num_heads": 2}, "expected_growth": "linear"}],
@@ -246,21 +247,23 @@ def test_shipped_grids_are_valid_and_the_default_covers_the_zoo():
 # Real sequences
 
 
-def test_long_sequences_hold_only_real_item_ids(ml100k_prepared):
-    data = load_prepared(ml100k_prepared)
+def test_long_sequences_hold_only_real_item_ids(synthetic_lastfm_prepared):
+    data = load_prepared(synthetic_lastfm_prepared)
     real_items = set(np.unique(data.history_indices).tolist())
     lengths = np.diff(data.history_indptr)
-    batch = cells.real_batch(data.history_indptr, data.history_indices, 2000, 16, seed=3, dataset_name="ml-100k")
+    batch = cells.real_batch(data.history_indptr, data.history_indices, 2000, 16, seed=3, dataset_name="synthetic")
     assert batch.windows.shape == (16, 2001) and batch.windows.dtype == np.int64
     assert set(np.unique(batch.windows).tolist()) <= real_items and 0 not in real_items  # no padding anywhere
-    assert batch.tiled_rows == int((lengths[batch.users] < 2001).sum()) == 16  # ml-100k's longest history is 737
-    assert "tiled" in batch.description and "ml-100k" in batch.description
+    assert batch.tiled_rows == int((lengths[batch.users] < 2001).sum()) == 16  # the longest history is 200
+    assert "tiled" in batch.description and "synthetic" in batch.description
     for row, user in zip(batch.windows, batch.users):
         history = data.history(user)
         assert row[-1] == history[-1]  # the row still ends with the user's newest item
         assert np.array_equal(row[-len(history):], history)
     short = cells.real_batch(data.history_indptr, data.history_indices, 16, 16, seed=3)
-    for row, user in zip(short.windows, short.users):
+    long_enough = [(row, user) for row, user in zip(short.windows, short.users) if lengths[user] >= 17]
+    assert long_enough and short.tiled_rows == 16 - len(long_enough)
+    for row, user in long_enough:
         assert np.array_equal(row, data.history(user)[-17:])  # long enough histories are real windows, untouched
     again = cells.real_batch(data.history_indptr, data.history_indices, 2000, 16, seed=3)
     assert np.array_equal(again.windows, batch.windows)
@@ -270,9 +273,9 @@ def test_long_sequences_hold_only_real_item_ids(ml100k_prepared):
 # On Ray
 
 
-def test_tiny_study_end_to_end(ray_cluster, shared_datasets, data_cache, tmp_path, capsys):
+def test_tiny_study_end_to_end(ray_cluster, synthetic_lastfm_file, data_cache, tmp_path, capsys):
     out = tmp_path / "results"
-    path = write_study(tmp_path, tiny_study(shared_datasets, out))
+    path = write_study(tmp_path, tiny_study(synthetic_lastfm_file, out))
     assert command.main([str(path), "--no-progress", "--quiet"]) == 0
     assert "12 cells (12 ok)" in capsys.readouterr().out
     for name in ("cells.parquet", "cells.csv", "summary.csv", "scaling.md", "environment.json", "study.yaml",
@@ -284,11 +287,12 @@ def test_tiny_study_end_to_end(ray_cluster, shared_datasets, data_cache, tmp_pat
     assert (frame["time_ms_median"] > 0).all() and (frame["time_ms_p95"] >= frame["time_ms_median"]).all()
     assert (frame["peak_mem_mb"] >= 0).all() and (frame["params"] > 0).all() and (frame["runs"] == 1).all()
     assert frame["mem_method"].str.contains("fresh process VmHWM").all() and frame["niceness"].notna().all()
-    assert set(frame["objective"]) == {"last"} and (frame["num_items"] == 3646).all()
+    items = {item for line in synthetic_lastfm_file.read_text().splitlines() for item in line.split()[1:]}
+    assert set(frame["objective"]) == {"last"} and (frame["num_items"] == len(items)).all()
     math_train = frame[(frame["label"] == "sasrec-math") & (frame["mode"] == "train")].set_index("length")
     assert math_train.loc[64, "peak_mem_mb"] > math_train.loc[16, "peak_mem_mb"] + 1.0  # the N×N scores
     assert math_train.loc[64, "params"] > math_train.loc[16, "params"]  # the position table grows with N
-    # lastfm's median history is 19 items: at N = 64 most rows are tiled, and the row says so
+    # the file's median history is 38 items: at N = 64 most rows are tiled, and the row says so
     assert frame.set_index("length").loc[64, "tiled_rows"].min() > 0
     assert frame["sequences"].str.contains("lastfm").all()
     summary = pd.read_csv(out / "summary.csv")
@@ -304,7 +308,7 @@ def test_tiny_study_end_to_end(ray_cluster, shared_datasets, data_cache, tmp_pat
     assert "--overwrite" in capsys.readouterr().err
 
 
-def test_failing_cells_are_data_points_and_stop_their_series(ray_cluster, lastfm_prepared, tmp_path):
+def test_failing_cells_are_data_points_and_stop_their_series(ray_cluster, synthetic_lastfm_prepared, tmp_path):
     """An OOM (memory limit), a timeout and a model error are recorded; larger N after OOM/timeout are skipped."""
     study = resolve({
         "name": "faults", "dataset": "synthetic", "lengths": [32, 2048, 4096], "batch_sizes": [16],
@@ -313,7 +317,7 @@ def test_failing_cells_are_data_points_and_stop_their_series(ray_cluster, lastfm
                    {"model": "gru4rec"}, {"model": "linrec"}],
         "measure": {"repeats": 1, "memory_limit_mb": 64, "timeout_s": 240},
         "storage": str(tmp_path)}, check_machine=False)
-    data = load_prepared(lastfm_prepared)
+    data = load_prepared(synthetic_lastfm_prepared)
     windows = {(n, 16): cells.real_batch(data.history_indptr, data.history_indices, n, 16, seed=0).windows
                for n in study.lengths}
     specs = cells.cell_specs(study, study.cells(), num_items=data.num_items, device="cpu", threads=1)
@@ -340,15 +344,15 @@ def test_failing_cells_are_data_points_and_stop_their_series(ray_cluster, lastfm
     assert failed["status"] == "failed" and "no-such-model" in failed["error"], failed
 
 
-def test_a_study_with_a_uri_is_mirrored_there_and_not_overwritten_by_accident(ray_cluster, shared_datasets,
+def test_a_study_with_a_uri_is_mirrored_there_and_not_overwritten_by_accident(ray_cluster, synthetic_lastfm_file,
                                                                               data_cache, tmp_path, capsys,
                                                                               monkeypatch, s3_bucket):
     import pyarrow.fs as pafs
 
     monkeypatch.chdir(tmp_path)
     uri = f"{s3_bucket}/scaling/tiny"
-    study = tiny_study(shared_datasets, uri, lengths=[16, 32], models=tiny_study(shared_datasets, uri)["models"][1:],
-                       claims=[])
+    study = tiny_study(synthetic_lastfm_file, uri, lengths=[16, 32],
+                       models=tiny_study(synthetic_lastfm_file, uri)["models"][1:], claims=[])
     path = write_study(tmp_path, study)
     assert command.main([str(path), "--no-progress", "--quiet"]) == 0
     assert f"mirrored to {uri}" in capsys.readouterr().out

@@ -1,4 +1,5 @@
-"""Real sweeps on the shared LastFM file: outputs, multi-objective Optuna, a failing trial, and kill -9 + --resume.
+"""Real sweeps on a synthetic file in LastFM's format (no ``../shared`` needed): outputs, multi-objective Optuna,
+a failing trial, and kill -9 + --resume.
 
 The kill test runs the CLI in a subprocess (its own embedded Ray) and kills the whole process session with SIGKILL
 once a trial has finished; it runs first, before this module's in-process Ray starts, so that the two clusters do
@@ -24,10 +25,9 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[3]
-LASTFM = Path(__file__).resolve().parents[4] / "shared" / "datasets" / "s3rec" / "LastFM.txt"
 TINY_MODEL = "{max_len: 20, batch_size: 128, hidden_size: 16, num_layers: 1, num_heads: 1, inner_size: 32"
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not LASTFM.is_file(), reason=f"{LASTFM} is not available")]
+pytestmark = pytest.mark.slow
 
 
 def write_study(path: Path, text: str) -> Path:
@@ -49,12 +49,12 @@ def kill_session(session: int) -> None:
             pass
 
 
-def test_kill_9_then_resume_elsewhere_loses_no_finished_trial(tmp_path: Path) -> None:
+def test_kill_9_then_resume_elsewhere_loses_no_finished_trial(tmp_path: Path, synthetic_lastfm_file: Path) -> None:
     out = tmp_path / "out"
     study = write_study(tmp_path / "kill.yaml", f"""
         name: kill-resume
         model: sasrec
-        dataset: {{name: lastfm, source: {LASTFM}}}
+        dataset: {{name: lastfm, source: {synthetic_lastfm_file}}}
         fixed: {TINY_MODEL}, measure_efficiency: false}}
         search:
           lr: {{loguniform: [1.0e-3, 1.0e-2]}}
@@ -117,7 +117,8 @@ def ray_session():
     ray.shutdown()
 
 
-def test_two_trial_multi_objective_sweep_with_a_failing_trial(tmp_path: Path, data_cache: Path, ray_session) -> None:
+def test_two_trial_multi_objective_sweep_with_a_failing_trial(tmp_path: Path, data_cache: Path, ray_session,
+                                                              synthetic_lastfm_file: Path) -> None:
     from study.search.runner import run_study
     from study.spec.sweep import load_study
 
@@ -125,7 +126,7 @@ def test_two_trial_multi_objective_sweep_with_a_failing_trial(tmp_path: Path, da
     path = write_study(tmp_path / "study.yaml", f"""
         name: lastfm-two
         model: sasrec
-        dataset: {{name: lastfm, source: {LASTFM}}}
+        dataset: {{name: lastfm, source: {synthetic_lastfm_file}}}
         fixed: {TINY_MODEL}}}
         search:
           lr: {{grid: [0.001, 1.0e+8]}}   # the second learning rate makes the loss NaN: a failing trial
@@ -175,7 +176,8 @@ def test_two_trial_multi_objective_sweep_with_a_failing_trial(tmp_path: Path, da
     assert "Pareto front" in outcome["summary"] and "failed" in outcome["summary"]
 
 
-def test_ray_data_batches_cover_every_trainable_window_once_per_epoch(data_cache: Path, ray_session) -> None:
+def test_ray_data_batches_cover_every_trainable_window_once_per_epoch(data_cache: Path, ray_session,
+                                                                     synthetic_lastfm_file: Path) -> None:
     import numpy as np
 
     from study.data import prepare
@@ -183,7 +185,7 @@ def test_ray_data_batches_cover_every_trainable_window_once_per_epoch(data_cache
     from study.search.trial import crop_trial_data, ray_data_batches
     from study.train.trainer import TrialData, user_batches
 
-    path = prepare("lastfm", source=LASTFM, max_len=30, progress=False)
+    path = prepare("lastfm", source=synthetic_lastfm_file, max_len=30, progress=False)
     dataset = _training_dataset(_training_table(path))  # from_arrow + filter + materialize, as the sweep does
     expected = TrialData.from_prepared(path, 12).train
     expected = np.concatenate([windows for windows, _ in user_batches(expected, 10_000, np.random.default_rng(0))])
@@ -246,9 +248,9 @@ def test_a_data_parallel_trial_runs_on_two_workers(tmp_path: Path, data_cache: P
 
 
 def test_a_sweep_trial_gives_the_metrics_of_study_train_for_the_same_seed(tmp_path: Path, data_cache: Path,
-                                                                          ray_session, write_tiny_sweep) -> None:
+                                                                          ray_session, write_tiny_sweep,
+                                                                          synthetic_lastfm_prepared: Path) -> None:
     """Replicates and reports rely on it: a one-process trial sees exactly study.train's batches."""
-    from study.data import prepare
     from study.search.runner import run_study
     from study.spec.sweep import load_study
     from study.train.trainer import TrialData, run_trial
@@ -262,8 +264,8 @@ def test_a_sweep_trial_gives_the_metrics_of_study_train_for_the_same_seed(tmp_pa
     settings = {"max_len": 20, "batch_size": 256, "hidden_size": 16, "num_layers": 1, "num_heads": 1,
                 "inner_size": 32, "measure_efficiency": False, "lr": trial["config.lr"], "max_epochs": 2, "seed": 5,
                 "num_threads": 1}
-    alone = run_trial("sasrec", TrialData.from_prepared(prepare("lastfm", source=LASTFM, max_len=20,
-                                                                progress=False), 20), settings)
+    # the sweep's dataset (write_tiny_sweep's SYNTHETIC_LASTFM), prepared with wider windows: cropped to the same 20
+    alone = run_trial("sasrec", TrialData.from_prepared(synthetic_lastfm_prepared, 20), settings)
     metrics = [key for key in alone if key.startswith(("valid_", "test_"))]
     assert len(metrics) == 18
     assert {key: trial[key] for key in metrics} == {key: alone[key] for key in metrics}

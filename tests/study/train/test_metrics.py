@@ -112,8 +112,8 @@ def test_sampled_evaluation_ranks_among_the_candidates_only():
     assert got == pytest.approx(metrics_from_ranks(ranks))
 
 
-def test_popularity_baseline_on_real_data_matches_brute_force(lastfm_prepared):
-    data = TrialData.from_prepared(lastfm_prepared, max_len=50)
+def test_popularity_baseline_on_a_dataset_matches_brute_force(synthetic_lastfm_prepared):
+    data = TrialData.from_prepared(synthetic_lastfm_prepared, max_len=50)
     got = popularity_metrics(data.test, data.item_popularity)
     popularity = data.item_popularity.astype(float)
     popularity[0] = -np.inf

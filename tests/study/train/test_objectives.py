@@ -101,8 +101,8 @@ def expand_stored_windows(windows: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("objective", ["causal", "last", "bce"])
-def test_each_objective_decreases_its_loss_on_a_real_batch(lastfm_prepared, objective):
-    data = TrialData.from_prepared(lastfm_prepared, max_len=50)
+def test_each_objective_decreases_its_loss_on_a_batch(synthetic_lastfm_prepared, objective):
+    data = TrialData.from_prepared(synthetic_lastfm_prepared, max_len=50)
     torch.manual_seed(0)
     model = models.build("sasrec", num_items=data.num_items, max_len=50, dropout=0.0, attn_dropout=0.0)
     windows = data.train[:64]

@@ -1,4 +1,5 @@
-"""The trainer and the single-trial CLI, end to end on real shared data."""
+"""The trainer and the single-trial CLI, end to end on synthetic data sized like LastFM (no ``../shared`` needed);
+one test learns on real MovieLens-100K."""
 
 from __future__ import annotations
 
@@ -18,15 +19,15 @@ QUICK = {"max_epochs": 2, "batch_size": 256, "measure_efficiency": False, "num_t
 
 
 @pytest.fixture(scope="module")
-def lastfm(lastfm_prepared):
-    return TrialData.from_prepared(lastfm_prepared, max_len=20)
+def synthetic(synthetic_lastfm_prepared):
+    return TrialData.from_prepared(synthetic_lastfm_prepared, max_len=20)
 
 
-def test_same_seed_gives_identical_metrics_and_reports_every_epoch(lastfm):
+def test_same_seed_gives_identical_metrics_and_reports_every_epoch(synthetic):
     reports = []
-    first = run_trial("sasrec", lastfm, {**QUICK, "seed": 3}, callback=reports.append)
-    second = run_trial("sasrec", lastfm, {**QUICK, "seed": 3})
-    other = run_trial("sasrec", lastfm, {**QUICK, "seed": 4})
+    first = run_trial("sasrec", synthetic, {**QUICK, "seed": 3}, callback=reports.append)
+    second = run_trial("sasrec", synthetic, {**QUICK, "seed": 3})
+    other = run_trial("sasrec", synthetic, {**QUICK, "seed": 4})
     metric_keys = [k for k in first if k.startswith(("valid_", "test_"))]
     assert len(metric_keys) == 18
     assert [first[k] for k in metric_keys] == [second[k] for k in metric_keys]
@@ -39,21 +40,21 @@ def test_same_seed_gives_identical_metrics_and_reports_every_epoch(lastfm):
     assert first["test_ndcg@10"] == reports[-1].best_test["ndcg@10"]
 
 
-def test_result_records_protocol_and_efficiency(lastfm):
-    result = run_trial("sasrec", lastfm, {**QUICK, "max_epochs": 1, "measure_efficiency": True,
+def test_result_records_protocol_and_efficiency(synthetic):
+    result = run_trial("sasrec", synthetic, {**QUICK, "max_epochs": 1, "measure_efficiency": True,
                                           "eval_mode": "sampled", "num_negatives": 50})
     assert (result["objective"], result["eval_mode"], result["num_negatives"]) == ("causal", "sampled", 50)
-    assert result["negative_sampler"] == "uniform" and result["synthetic"] is False
+    assert result["negative_sampler"] == "uniform" and result["synthetic"] is True
     assert result["params"] > 0 and result["infer_ms_p50"] > 0 and result["infer_ms_p95"] >= result["infer_ms_p50"]
     assert result["peak_mem_mb"] > 1.0, result["peak_mem_method"]
     assert "fresh process" in result["peak_mem_method"]
-    # sampled ranking among 51 candidates is far easier than ranking all 3,646 items
+    # sampled ranking among 51 candidates is far easier than ranking all 2,703 items
     assert result["test_hr@10"] > 0.2
 
 
-def test_last_and_bce_objectives_train(lastfm):
+def test_last_and_bce_objectives_train(synthetic):
     for objective in ("last", "bce"):
-        result = run_trial("sasrec", lastfm, {**QUICK, "max_epochs": 1, "objective": objective,
+        result = run_trial("sasrec", synthetic, {**QUICK, "max_epochs": 1, "objective": objective,
                                               "prefixes_per_user": 2})
         assert result["objective"] == objective and result["status"] == "ok"
 
@@ -84,15 +85,15 @@ def cli_env(data_cache, monkeypatch):
     return {**os.environ, "SEQREC_DATA": str(data_cache), "OMP_NUM_THREADS": "1"}
 
 
-def test_cli_trains_and_prints_one_json_line(shared_datasets, cli_env):
-    done = _cli("--model", "sasrec", "--dataset", "lastfm", "--source", str(shared_datasets / "s3rec" / "LastFM.txt"),
+def test_cli_trains_and_prints_one_json_line(cli_env):
+    done = _cli("--model", "sasrec", "--dataset", "synthetic",
                 "--set", "max_epochs=1", "--set", "max_len=20", "--set", "measure_efficiency=false", "--no-progress",
                 env=cli_env)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()
     assert len(lines) == 1
     row = json.loads(lines[0])
-    assert row["model"] == "sasrec" and row["dataset"] == "lastfm" and row["config"]["max_len"] == 20
+    assert row["model"] == "sasrec" and row["dataset"] == "synthetic" and row["config"]["max_len"] == 20
     assert row["epochs_run"] == 1 and 0 <= row["test_ndcg@10"] <= 1
 
 
@@ -106,9 +107,8 @@ def test_cli_trains_and_prints_one_json_line(shared_datasets, cli_env):
     (["--set", "objective=cloze"], "cannot train with 'cloze'"),
     (["--set", "max_epochs"], "expected key=value"),
 ])
-def test_cli_bad_input_is_one_clear_line_with_exit_code_2(args, message, cli_env, shared_datasets):
-    done = _cli("--dataset", "lastfm", "--source", str(shared_datasets / "s3rec" / "LastFM.txt"), *args,
-                "--no-progress", env=cli_env)
+def test_cli_bad_input_is_one_clear_line_with_exit_code_2(args, message, cli_env):
+    done = _cli("--dataset", "synthetic", *args, "--no-progress", env=cli_env)
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
@@ -146,18 +146,18 @@ def _register_nan_model() -> str:
     return name
 
 
-def test_a_model_that_turns_nan_fails_the_trial_and_is_never_selected(lastfm):
+def test_a_model_that_turns_nan_fails_the_trial_and_is_never_selected(synthetic):
     name = _register_nan_model()
     reports = []
-    # 1,090 users at batch 512: 3 steps per epoch, so epoch 1 validates finite outputs and epoch 2 (step 4 on) NaN ones
+    # 1,000 users at batch 512: 2 steps per epoch, so epoch 1 validates finite outputs and epoch 2 (step 4 on) NaN ones
     settings = {**QUICK, "batch_size": 512, "max_epochs": 3}
     with pytest.raises(NonFiniteScores, match=r"validation after epoch 2: .*non-finite score"):
-        run_trial(name, lastfm, settings, callback=reports.append)
+        run_trial(name, synthetic, settings, callback=reports.append)
     assert [r.epoch for r in reports] == [1]  # the NaN epoch reached no callback (Tune, ASHA, the searcher)
     assert 0.0 <= reports[0].valid["ndcg@10"] < 1.0
 
 
-def test_cli_says_the_cost_then_ctrl_c_keeps_the_finished_epochs(shared_datasets, cli_env):
+def test_cli_says_the_cost_then_ctrl_c_keeps_the_finished_epochs(cli_env):
     """A person watching: a cost line before epoch 1, a step-level bar, and Ctrl-C after an epoch prints that
     epoch's result (marked interrupted), exit code 130, no traceback."""
     import signal
@@ -165,8 +165,8 @@ def test_cli_says_the_cost_then_ctrl_c_keeps_the_finished_epochs(shared_datasets
     import time
 
     process = subprocess.Popen(
-        [sys.executable, "-m", "study.train", "--model", "sasrec", "--dataset", "lastfm", "--source",
-         str(shared_datasets / "s3rec" / "LastFM.txt"), "--set", "max_epochs=200", "--set", "max_len=20",
+        [sys.executable, "-m", "study.train", "--model", "sasrec", "--dataset", "synthetic",
+         "--set", "max_epochs=200", "--set", "max_len=20",
          "--set", "hidden_size=16", "--set", "num_heads=1", "--set", "measure_efficiency=false",
          "--set", "patience=0"],
         cwd=REPO, env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -182,7 +182,11 @@ def test_cli_says_the_cost_then_ctrl_c_keeps_the_finished_epochs(shared_datasets
     reader.join(timeout=30)
     stderr = "".join(errors)
     assert process.returncode == 130, stderr[-2000:]
-    assert "cost estimate: 1,090 windows/epoch in 9 steps" in stderr
+    from study.data import prepare
+
+    prepared = prepare("synthetic", max_len=20, progress=False)  # the generator's defaults, as the CLI prepared them
+    users, batch = json.loads((prepared / "meta.json").read_text())["num_users"], TrainConfig().batch_size
+    assert f"cost estimate: {users:,} windows/epoch in {-(-users // batch)} steps" in stderr
     assert "s/step" in stderr or "step/s" in stderr  # the bar counts steps
     assert "Traceback" not in stderr and "interrupted during epoch" in stderr
     row = json.loads(out.strip().splitlines()[-1])
