@@ -175,3 +175,22 @@ def write_tiny_sweep():
         return path
 
     return write
+
+
+@pytest.fixture
+def kill_session():
+    """``kill(session)``: SIGKILL every process of a process session (a command started with start_new_session=True,
+    and the Ray processes under it), as a crashed machine would end them."""
+    import signal
+    import subprocess
+
+    def kill(session: int) -> None:
+        listing = subprocess.run(["ps", "-eo", "pid=,sid="], capture_output=True, text=True, check=True).stdout
+        for pid, sid in (line.split() for line in listing.splitlines()):
+            if int(sid) == session:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    return kill

@@ -106,7 +106,9 @@ def test_every_sasrec_parameter_gets_a_finite_nonzero_gradient(synthetic):
 
 @pytest.mark.parametrize("name", models.available())
 def test_every_default_config_satisfies_its_declared_constraints(name):
-    config = models.make_config(name, num_items=10)
+    # the sizes the trainer takes from the dataset are given, as the trainer gives them; everything else defaults
+    data_sized = {"num_items": 10, **({"num_users": 7} if models.model_class(name).needs_users else {})}
+    config = models.make_config(name, **data_sized)
     assert config.constraint_errors() == []
 
 

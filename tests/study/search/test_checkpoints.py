@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
@@ -24,19 +23,6 @@ EPOCHS = 6
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not LASTFM.is_file(), reason=f"{LASTFM} is not available")]
 
 
-def session_pids(session: int) -> list[int]:
-    out = subprocess.run(["ps", "-eo", "pid=,sid="], capture_output=True, text=True, check=True).stdout
-    return [int(pid) for pid, sid in (line.split() for line in out.splitlines()) if int(sid) == session]
-
-
-def kill_session(session: int) -> None:
-    for pid in session_pids(session):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 def reported_epochs(out: Path) -> list[int]:
     """Epochs in the order the one trial reported them to Tune, over every session (Tune appends to result.json)."""
     files = list((out / "tune").glob("*/result.json"))
@@ -50,7 +36,8 @@ def checkpoint_folders(out: Path) -> list[Path]:
     return sorted((out / "tune").glob("*/checkpoint_*"))
 
 
-def test_a_killed_trial_resumes_from_its_last_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_killed_trial_resumes_from_its_last_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         kill_session) -> None:
     out = tmp_path / "out"
     study = tmp_path / "ckpt.yaml"
     study.write_text(textwrap.dedent(f"""

@@ -65,7 +65,9 @@ def test_sweep_and_replicate_consoles_are_clean_and_narrow(write_tiny_sweep, dat
     study = write_tiny_sweep(tmp_path / "tiny.yaml", name="console", storage=out, samples=2)
     done = _run(["study.sweep", str(study), "--num-cpus", "2"])
     # the sweep's own stderr lines: its first line, what a short budget adapted, the cost of the largest config
-    _check_console(done, ("study.sweep: validating ", "adapted to the budget: ", "largest configuration "))
+    # (a line naming it, then the estimate wrapped to 120 columns with indented continuation lines)
+    _check_console(done, ("study.sweep: validating ", "adapted to the budget: ", "largest configuration ",
+                          "cost estimate: ", "  "))
     assert done.stderr.startswith("study.sweep: validating ")
     stdout = done.stdout.splitlines()
     assert sum(line.startswith("trial ") and " done " in line for line in stdout) == 2

@@ -35,21 +35,8 @@ def write_study(path: Path, text: str) -> Path:
     return path
 
 
-def session_pids(session: int) -> list[int]:
-    """Processes of one session (the subprocess started with start_new_session=True, and Ray's processes under it)."""
-    out = subprocess.run(["ps", "-eo", "pid=,sid="], capture_output=True, text=True, check=True).stdout
-    return [int(pid) for pid, sid in (line.split() for line in out.splitlines()) if int(sid) == session]
-
-
-def kill_session(session: int) -> None:
-    for pid in session_pids(session):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def test_kill_9_then_resume_elsewhere_loses_no_finished_trial(tmp_path: Path, synthetic_lastfm_file: Path) -> None:
+def test_kill_9_then_resume_elsewhere_loses_no_finished_trial(tmp_path: Path, synthetic_lastfm_file: Path,
+                                                               kill_session) -> None:
     out = tmp_path / "out"
     study = write_study(tmp_path / "kill.yaml", f"""
         name: kill-resume
