@@ -16,9 +16,8 @@ import torch
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-ML100K = REPO.parent / "shared" / "datasets" / "ml-100k" / "ml-100k.inter"
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not ML100K.is_file(), reason=f"{ML100K} is not available")]
+pytestmark = [pytest.mark.slow]
 
 
 def run(args: list[str], env: dict[str, str], timeout: int = 600) -> subprocess.CompletedProcess:
@@ -27,14 +26,16 @@ def run(args: list[str], env: dict[str, str], timeout: int = 600) -> subprocess.
 
 
 @pytest.fixture(scope="module")
-def tiny_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+def tiny_study(tmp_path_factory: pytest.TempPathFactory, ml100k_shaped_udata: Path) -> tuple[Path, dict[str, str]]:
+    """A two-trial study on a generated u.data that the ml-100k recipe accepts (tests/conftest.py): exporting and
+    recommending are machinery, no real file is needed."""
     root = tmp_path_factory.mktemp("export")
     env = {**os.environ, "SEQREC_DATA": str(root / "cache"), "PYTHONPATH": str(REPO), "OMP_WAIT_POLICY": "PASSIVE"}
     study = root / "tiny.yaml"
     study.write_text(textwrap.dedent(f"""
         name: tiny-ml100k
         model: sasrec
-        dataset: {{name: ml-100k, source: {ML100K}}}
+        dataset: {{name: ml-100k, source: {ml100k_shaped_udata}}}
         fixed: {{max_len: 20, batch_size: 256, hidden_size: 16, num_layers: 1, num_heads: 1, inner_size: 32,
                 measure_efficiency: false}}
         search: {{lr: {{grid: [0.001, 0.005]}}}}
@@ -49,7 +50,8 @@ def tiny_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str
     return root / "results", env
 
 
-def test_export_best_model_reproduces_its_metrics_and_recommends(tiny_study, tmp_path, monkeypatch) -> None:
+def test_export_best_model_reproduces_its_metrics_and_recommends(tiny_study, tmp_path, monkeypatch,
+                                                                 ml100k_shaped_udata) -> None:
     results, env = tiny_study
     monkeypatch.setenv("SEQREC_DATA", env["SEQREC_DATA"])
     from study.data import load_prepared
@@ -74,10 +76,10 @@ def test_export_best_model_reproduces_its_metrics_and_recommends(tiny_study, tmp
     test = evaluate(exported.model, data.test, batch_size=256, device=torch.device("cpu"))
     assert test["ndcg@10"] == pytest.approx(best["test_ndcg@10"], abs=1e-6)
 
-    # the item map is the source's: every raw id is an item id of ml-100k.inter
+    # the item map is the source's: every raw id is an item id of the u.data it was prepared from
     items = pd.read_parquet(out / "items.parquet")
     assert len(items) == info["dataset"]["num_items"] and items["raw_item"].is_unique
-    source = pd.read_csv(ML100K, sep="\t")
+    source = pd.read_csv(ml100k_shaped_udata, sep="\t", header=None)
     assert set(items["raw_item"]) <= set(source.iloc[:, 1].astype(str))
 
     recs = recommend(exported, ["1", "2"], k=5)

@@ -12,8 +12,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[3]
 
 
-def test_scaling_console_is_clean_and_narrow(shared_datasets, data_cache, tmp_path):
-    study = {"name": "console", "dataset": {"name": "lastfm", "source": str(shared_datasets / "s3rec" / "LastFM.txt")},
+def test_scaling_console_is_clean_and_narrow(data_cache, tmp_path):
+    study = {"name": "console",
+             "dataset": {"name": "synthetic", "options": {"users": 300, "items": 500, "length": 40, "seed": 0}},
              "models": [{"model": "gru4rec"}], "lengths": [16, 32], "batch_sizes": [4], "modes": ["train"],
              "measure": {"warmup": 1, "repeats": 1, "timeout_s": 240, "memory_limit_mb": 2048},
              "fit": {"min_length": 16}, "storage": str(tmp_path / "results")}

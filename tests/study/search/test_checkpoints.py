@@ -17,10 +17,9 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[3]
-LASTFM = Path(__file__).resolve().parents[4] / "shared" / "datasets" / "s3rec" / "LastFM.txt"
 EPOCHS = 6
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not LASTFM.is_file(), reason=f"{LASTFM} is not available")]
+pytestmark = [pytest.mark.slow]
 
 
 def reported_epochs(out: Path) -> list[int]:
@@ -37,13 +36,14 @@ def checkpoint_folders(out: Path) -> list[Path]:
 
 
 def test_a_killed_trial_resumes_from_its_last_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                         kill_session) -> None:
+                                                         kill_session, synthetic_lastfm_file: Path) -> None:
+    source = synthetic_lastfm_file  # a LastFM-format file (tests/conftest.py): checkpoints are machinery
     out = tmp_path / "out"
     study = tmp_path / "ckpt.yaml"
     study.write_text(textwrap.dedent(f"""
         name: ckpt-resume
         model: sasrec
-        dataset: {{name: lastfm, source: {LASTFM}}}
+        dataset: {{name: lastfm, source: {source}}}
         fixed: {{max_len: 20, batch_size: 128, hidden_size: 16, num_layers: 1, num_heads: 1, inner_size: 32,
                 measure_efficiency: false, patience: 0}}
         search: {{lr: {{choice: [0.003]}}}}
@@ -87,7 +87,7 @@ def test_a_killed_trial_resumes_from_its_last_checkpoint(tmp_path: Path, monkeyp
 
     # the same trial run straight through gives the same metrics (same seed, same batches, restored generators)
     straight = subprocess.run([sys.executable, "-m", "study.train", "--model", "sasrec", "--dataset", "lastfm",
-                               "--source", str(LASTFM), "--no-progress",
+                               "--source", str(source), "--no-progress",
                                *[f"--set={key}={value}" for key, value in {
                                    "max_len": 20, "batch_size": 128, "hidden_size": 16, "num_layers": 1,
                                    "num_heads": 1, "inner_size": 32, "measure_efficiency": "false", "lr": 0.003,

@@ -34,8 +34,9 @@ LOSS_CASES = {**PER_OBJECTIVE, "last-lisa-soft": PER_OBJECTIVE["bce"]}
 
 
 @pytest.fixture(scope="module")
-def lastfm(lastfm_prepared) -> TrialData:
-    return TrialData.from_prepared(lastfm_prepared, max_len=MAX_LEN)
+def lastfm(synthetic_lastfm_prepared) -> TrialData:
+    """LastFM-sized synthetic data (tests/conftest.py): trimming is machinery, no real file is needed."""
+    return TrialData.from_prepared(synthetic_lastfm_prepared, max_len=MAX_LEN)
 
 
 def test_padding_columns_counts_the_leading_all_padding_columns():

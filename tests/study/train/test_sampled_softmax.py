@@ -117,11 +117,11 @@ def test_the_step_draws_its_negatives_from_the_training_counts():
         TrainStep(model, settings)
 
 
-@pytest.mark.parametrize("sampler", ["uniform", "popularity"])
-def test_sampled_softmax_learns_lastfm_beyond_popularity(lastfm_prepared, sampler):
+def test_sampled_softmax_learns_lastfm_beyond_popularity(lastfm_prepared):
     data = TrialData.from_prepared(lastfm_prepared, max_len=20)
-    result = run_trial("sasrec", data, {"objective": "sampled_ce", "train_negatives": 64,
-                                        "train_negative_sampler": sampler, "max_epochs": 8, "batch_size": 128,
-                                        "lr": 3e-3, "measure_efficiency": False, "num_threads": 1, "max_len": 20})
-    assert result["status"] == "ok" and result["objective"] == "sampled_ce"
-    assert result["test_ndcg@10"] > result["pop_ndcg@10"]
+    for sampler in ("uniform", "popularity"):  # one test for both samplers: one skip where ../shared is absent
+        result = run_trial("sasrec", data, {"objective": "sampled_ce", "train_negatives": 64,
+                                            "train_negative_sampler": sampler, "max_epochs": 8, "batch_size": 128,
+                                            "lr": 3e-3, "measure_efficiency": False, "num_threads": 1, "max_len": 20})
+        assert result["status"] == "ok" and result["objective"] == "sampled_ce", sampler
+        assert result["test_ndcg@10"] > result["pop_ndcg@10"], sampler

@@ -38,8 +38,8 @@ def metric_fields(row: dict) -> dict:
 
 # sasrec trains with dropout (torch's global generator); bert4rec also masks with the TrainStep's generator
 @pytest.mark.parametrize("model", ["sasrec", "bert4rec"])
-def test_resumed_trial_equals_uninterrupted_one(model, lastfm_prepared, tmp_path):
-    data = TrialData.from_prepared(lastfm_prepared, max_len=20)
+def test_resumed_trial_equals_uninterrupted_one(model, synthetic_lastfm_prepared, tmp_path):
+    data = TrialData.from_prepared(synthetic_lastfm_prepared, max_len=20)
     straight = run_trial(model, data, SETTINGS)
 
     def stop_after_first_epoch(report) -> None:
@@ -52,15 +52,15 @@ def test_resumed_trial_equals_uninterrupted_one(model, lastfm_prepared, tmp_path
     assert state.epoch == 1 and state.best_epoch == 1 and state.best_weights is not None
 
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_WAIT_POLICY": "PASSIVE"}
-    done = subprocess.run([sys.executable, "-c", RESUME, model, str(lastfm_prepared), str(tmp_path),
+    done = subprocess.run([sys.executable, "-c", RESUME, model, str(synthetic_lastfm_prepared), str(tmp_path),
                            json.dumps(SETTINGS)], capture_output=True, text=True, env=env, timeout=600, check=True)
     resumed = json.loads(done.stdout.strip().splitlines()[-1])
     assert resumed["epochs_run"] == 3
     assert metric_fields(resumed) == metric_fields(straight)
 
 
-def test_state_file_loads_with_weights_only_and_restores_every_generator(lastfm_prepared, tmp_path):
-    data = TrialData.from_prepared(lastfm_prepared, max_len=20)
+def test_state_file_loads_with_weights_only_and_restores_every_generator(synthetic_lastfm_prepared, tmp_path):
+    data = TrialData.from_prepared(synthetic_lastfm_prepared, max_len=20)
     run_trial("sasrec", data, {**SETTINGS, "max_epochs": 2},
               callback=lambda report: save_state(report.snapshot(), tmp_path / str(report.epoch)))
     raw = torch.load(tmp_path / "2" / STATE_FILE, weights_only=True)
