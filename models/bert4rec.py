@@ -52,7 +52,7 @@ class BERT4RecConfig(ModelConfig):
     attn_dropout: float = probability(0.1)
     activation: str = one_of("gelu", ACTIVATIONS)
     attention_backend: str = one_of("sdpa", ATTENTION_BACKENDS)
-    ffn_inner_dropout: bool = False  # True: dropout between the FFN linears too (pre-#15 form, not RecBole)
+    ffn_inner_dropout: bool = False  # True: dropout between the FFN linears too (the zoo's first form, not RecBole's)
 
 
 @register("bert4rec")

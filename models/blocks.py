@@ -110,7 +110,7 @@ class FeedForward(nn.Module):
 
     RecBole drops out only the branch's output (the caller's ``x + drop(ffn(x))``), never between the two
     linears, so that is the default. ``inner_dropout=True`` adds ``dropout`` between them, the form this
-    project used before issue #15; it is kept so results recorded with it can be reproduced.
+    project used in its first releases; it is kept so results recorded with it can be reproduced.
     """
 
     def __init__(self, hidden_size: int, inner_size: int, dropout: float, activation: str = "gelu",

@@ -1,6 +1,6 @@
 """Cotten4Rec (Veludandi et al., IntelliSys 2026): BERT4Rec with bidirectional cosine attention.
 
-Spec: ``shared/specs/cotten4rec.md``. Per head, with padded rows of Q, K, V zeroed::
+Per head, with padded rows of Q, K, V zeroed::
 
     Q̂, K̂ = row-L2(Q), row-L2(K)            (|x| = sqrt(Σx² + 1e-6))
     V′   = V / max(1, n_valid ** σ(m))        m: one learnable scalar per head and layer, init 0.5
@@ -8,7 +8,7 @@ Spec: ``shared/specs/cotten4rec.md``. Per head, with padded rows of Q, K, V zero
 
 computed by ``kernels.cosine_attention`` (a fused Triton kernel on CUDA, the torch reference on CPU).
 
-Resolutions of the spec's open points (§10.5), all following the spec's suggestions:
+Choices where the paper is open:
 - m is σ-squashed, per head, initialised to 0.5, and n is the number of real items, clamped so the
   scale never enlarges V (the Cottention reference code); the paper's Eq. 9 writes ``1/n^m``.
 - Backbone, defaults and cloze training are BERT4Rec's (``models/bert4rec.py``): 2 layers, 2 heads,
@@ -67,7 +67,7 @@ class Cotten4RecConfig(ModelConfig):
     activation: str = one_of("gelu", ACTIVATIONS)
     m_init: float = 0.5
     causal: bool = False
-    ffn_inner_dropout: bool = False  # True: dropout between the FFN linears too (pre-#15 form, not RecBole)
+    ffn_inner_dropout: bool = False  # True: dropout between the FFN linears too (the zoo's first form, not RecBole's)
 
 
 @register("cotten4rec")

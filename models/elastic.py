@@ -4,9 +4,9 @@ Self-attention over the N items is replaced by two cross-attentions through k �
 (aggregate: P attends over X; dispatch: X attends over the updated P), so a layer costs O(N·k). The k
 tokens are retrieved per user from K = n×n interest experts with product keys (Lample et al. 2019),
 which decouples capacity (K) from compute (k). The authors' code was never released; every gap the
-paper leaves (see ``/work/shared/specs/elastic.md`` §14) is resolved here as follows.
+paper leaves is resolved here as follows.
 
-Choices on the spec's gaps:
+Choices where the paper is silent:
 1. **Training objective**: the aggregation and the query network read the whole window, so the model
    is non-causal; it trains only with the ``last`` objective (RecBole's prefix windows, CE at the last
    position), which is what the paper's RecBole-style setup implies. This is the paper-faithful default

@@ -105,7 +105,7 @@ class LinRecConfig(ModelConfig):
     causal: bool = False
     feature_map: str = one_of("l2", FEATURE_MAPS)
     cloze: bool = False
-    ffn_inner_dropout: bool = False  # True: dropout between the FFN linears too (pre-#15 form, not RecBole)
+    ffn_inner_dropout: bool = False  # True: dropout between the FFN linears too (the zoo's first form, not RecBole's)
 
     def constraint_errors(self) -> list[tuple[str, str]]:
         errors = super().constraint_errors()

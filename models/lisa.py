@@ -9,8 +9,8 @@ so a sequence costs O(L·B·W) for the weights and O(L·B·W·D) for the output:
 anywhere. The attention itself is :func:`kernels.causal_histogram_attention` (Triton on CUDA, the torch
 reference elsewhere); this file builds its inputs.
 
-Choices on the spec's gaps (``/work/shared/specs/lisa.md``; where paper and code differ we follow the
-authors' code, which produced the numbers):
+Choices where the paper is silent (where paper and code differ we follow the authors' code, which produced
+the paper's numbers):
 1. **Quantizer**: residual ("recurrent") encoding with full-D codewords and a bilinear similarity
    r·U·c shared by the B codebooks, no linear terms (code, not Eq. 2); deterministic tempered softmax
    π = softmax(logits / τ), τ = 0.7, **no Gumbel noise**; hard straight-through assignment

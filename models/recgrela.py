@@ -1,6 +1,6 @@
 """RecGRELA (Hu et al., arXiv 2506.13315): gated blocks of Rotary-Enhanced Linear Attention (RELA).
 
-Spec: ``shared/specs/recgrela.md`` (paper + official code). Embedding → ``LN(Dropout(E[items]))``, no
+Following the paper and its official code: embedding → ``LN(Dropout(E[items]))``, no
 positional embedding (position enters only through RoPE), then L pre-LN GRELA blocks::
 
     G = LN1(H);  A = SiLU(G W_a);  X = G W_in
@@ -36,8 +36,8 @@ Choices stated explicitly:
   are zeroed before the conv in both forms. The official code pads on the right, so its causal conv
   never sees a pad at a real position; zeroing reproduces that under this project's left padding.
 - With one layer the official code drops the attention branch's residual
-  (``x = DropPath(out_proj(...))``) but keeps the FFN's; that is reproduced (the spec says both are
-  dropped; the code says otherwise).
+  (``x = DropPath(out_proj(...))``) but keeps the FFN's; that is reproduced (the paper's
+  description drops both; the code does not).
 - The conv kernel size is a knob (``conv_kernel_size``, the paper fixes 4).
 """
 

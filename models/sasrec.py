@@ -34,7 +34,7 @@ class SASRecConfig(ModelConfig):
     activation: str = one_of("gelu", ACTIVATIONS)
     norm_first: bool = False
     attention_backend: str = one_of("sdpa", ATTENTION_BACKENDS)
-    ffn_inner_dropout: bool = False  # True: dropout between the FFN linears too (pre-#15 form, not RecBole)
+    ffn_inner_dropout: bool = False  # True: dropout between the FFN linears too (the zoo's first form, not RecBole's)
 
 
 @register("sasrec")

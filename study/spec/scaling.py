@@ -36,7 +36,7 @@ MEASURE_DEFAULTS = {"warmup": 1, "repeats": 3, "timeout_s": 300.0, "memory_limit
                     "prewarm": True}
 CLAIM_KEYS = ("paper", "text", "model", "reference", "mode", "metric", "length", "max_ratio", "min_factor",
               "batch_size")
-# What "grows linearly" and "grows quadratically" mean for a fitted log-log slope (the issue's targets).
+# What "grows linearly" and "grows quadratically" mean for a fitted log-log slope (see docs/scaling.md).
 EXPECTED_GROWTH = {"linear": (0.0, 1.15), "quadratic": (1.7, 2.3)}
 DEFAULT_OBJECTIVE = "last"  # see docs/scaling.md: the papers' RecBole baselines, and no O(N·items) loss term
 
