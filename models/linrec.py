@@ -35,7 +35,7 @@ Choices stated explicitly:
   its prefix). So a 2-layer model trained causally is a close relative of the paper's model, not
   the same function: with shared weights its ranked hidden state (entries of order 1) differs by up to about
   1e-3 on real ml-100k windows, against below 1e-6 with one layer.
-- ``feature_map="elu"`` is LinRec as the Cotten4Rec paper describes its baseline (spec §4): φ = ELU + 1 on
+- ``feature_map="elu"`` is LinRec as the Cotten4Rec paper describes its baseline: φ = ELU + 1 on
   Q and K, ``O = φ(Q) (φ(K)ᵀ V)``, with no L2 normalisation, no denominator and no 1/√d_head (its
   formula has none). ``key_norm`` then has no effect. ``feature_map="l2"`` (default) is LinRec's own paper.
 - ``cloze=True`` puts the mixer inside BERT4Rec, Cotten4Rec's setting for that baseline: a mask token
