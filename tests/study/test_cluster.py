@@ -113,10 +113,18 @@ def run_sweep(study: Path, address: str, env: dict[str, str], timeout: float, cw
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr), time.time() - started
 
 
+# Ports Ray's own components take by default on every node: a "free" port the OS hands out may be one of them
+# (the dashboard agent's 52365 lies in Linux's ephemeral range), and Ray then refuses to start the node.
+RAY_DEFAULT_PORTS = {6379, 8076, 8077, 8265, 10001, 52365, 52366}
+
+
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind((LOOPBACK, 0))
-        return probe.getsockname()[1]
+    while True:
+        with socket.socket() as probe:
+            probe.bind((LOOPBACK, 0))
+            port = probe.getsockname()[1]
+        if port not in RAY_DEFAULT_PORTS:
+            return port
 
 
 @pytest.fixture(scope="module")
