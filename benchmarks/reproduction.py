@@ -1,0 +1,343 @@
+"""Regenerate the reproduction report (docs/reproduction.md) through the platform's own commands, resumably.
+
+    python -m benchmarks.reproduction [--ml100k PATH] [--lastfm PATH/LastFM.txt] [--beauty PATH/Beauty.txt]
+        [--datasets ml-100k lastfm beauty] [--studies sasrec bert4rec ...] [--num-cpus N]
+        [--out docs/reproduction.md] [--report-only] [--quick]
+
+Every study file of ``search_spaces/reproduction/`` is one zoo model at its paper's configuration, five seeds
+(a grid over ``seed``). For each dataset and study this runs
+
+1. ``python -m study.sweep search_spaces/reproduction/<study>.yaml --set name=repro-<dataset>-<study> …``:
+   skipped when the folder already holds every seed, ``--resume`` when it holds an unfinished run;
+2. ``python -m study.report`` over the dataset's studies (t-tests against SASRec with Holm's correction, effect
+   sizes, the accuracy–memory–latency Pareto plot) into ``docs/reproduction/<dataset>/``;
+3. the part of docs/reproduction.md between its ``generated`` markers: the paper-style table (mean ± sd over the
+   seeds; HR@10, NDCG@10, MRR@10), one line per paper claim (**holds** / **does not hold**, our numbers, the
+   difference, the paired test), the ablations, the runs that stopped at the epoch limit, and the wall time. What
+   is outside the markers (the reasons, written by a person who read the numbers) is kept as it is.
+
+Beauty runs SASRec, BERT4Rec and the two efficient models with the best mean NDCG@10 ratio to SASRec on ml-100k and
+LastFM (it waits until those studies exist). An interrupted run continues where it stopped: a finished study is
+never rerun, and an unfinished one resumes from Tune's state. ``--quick`` is a smoke run of the whole pipeline
+(two seeds, two epochs, five prefixes per user) under ``repro-quick-*`` names, written to results/, never to docs/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from study.analysis.runs import TRIALS_FILE, assign_labels, collect_runs, load_results
+from study.analysis.significance import compare, holm
+from study.analysis.tables import fmt, fmt_p
+
+REPO = Path(__file__).resolve().parents[1]
+STUDY_DIR = REPO / "search_spaces" / "reproduction"
+RESULTS = REPO / "results"  # where study.sweep puts results/<name>/ (it runs from the repository root)
+SEEDS = 5
+QUICK_SEEDS = 2
+METRICS = ("test_hr@10", "test_ndcg@10", "test_mrr@10")
+MAIN_STUDIES = ("sasrec", "bert4rec", "gru4rec", "fpmc", "hstu", "linrec", "recgrela", "cotten4rec", "elastic",
+                "sasrec-1l1h", "lisa-base", "lisa-soft", "lisa-mini")
+ABLATIONS = ("elastic-mean-query", "elastic-no-imr", "elastic-no-dispatcher")
+EFFICIENT = ("linrec", "recgrela", "cotten4rec", "elastic", "lisa-base", "lisa-soft", "lisa-mini")
+DATASETS = {"ml-100k": "ml-100k", "lastfm": "lastfm", "beauty": "beauty"}  # dataset key -> data recipe
+BEGIN, END = "<!-- generated: python -m benchmarks.reproduction -->", "<!-- end of generated part -->"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One published claim as this report tests it: ``candidate`` against ``reference`` on ``metrics``.
+
+    ``kind``: ``better`` (candidate above reference, paired t-test p < 0.05 after Holm over every claim line),
+    ``ratio`` (candidate's mean at least ``bound`` × the reference's), ``within`` (|mean difference| <= ``bound``).
+    """
+
+    text: str
+    source: str
+    candidate: str
+    reference: str
+    kind: str
+    bound: float = 0.0
+    metrics: tuple[str, ...] = ("test_ndcg@10",)
+
+
+CLAIMS = (
+    Claim("BERT4Rec reaches at least 0.9x SASRec's NDCG@10 when trained long enough",
+          "Klenitskiy & Vasilev, RecSys 2023", "bert4rec", "sasrec", "ratio", 0.9),
+    Claim("SASRec outperforms GRU4Rec", "Kang & McAuley, ICDM 2018, Table III", "sasrec", "gru4rec", "better"),
+    Claim("SASRec outperforms FPMC", "Kang & McAuley, ICDM 2018, Table III", "sasrec", "fpmc", "better"),
+    Claim("HSTU outperforms SASRec", "Zhai et al., ICML 2024 (ML-1M: +7% NDCG@10)", "hstu", "sasrec", "better"),
+    Claim("LinRec keeps SASRec's accuracy (at least 0.98x NDCG@10)", "Liu et al., SIGIR 2023", "linrec", "sasrec",
+          "ratio", 0.98),
+    Claim("RecGRELA outperforms SASRec", "RecGRELA, Table 4 (+0.61% to +4.98% over the best baseline)",
+          "recgrela", "sasrec", "better"),
+    Claim("Cotten4Rec stays within about 2% of BERT4Rec's NDCG@10 (at least 0.98x)",
+          "Cotten4Rec (Beauty; 11% lower on ML-1M)", "cotten4rec", "bert4rec", "ratio", 0.98),
+    Claim("ELASTIC outperforms SASRec", "ELASTIC, Table 2 (+2.37% on average over its baselines)", "elastic",
+          "sasrec", "better"),
+    Claim("LISA-Base stays within 0.01 of a 1-layer, 1-head Transformer on HR@10 and NDCG@10",
+          "Wu et al., WWW 2021, Table 3", "lisa-base", "sasrec-1l1h", "within", 0.01,
+          ("test_hr@10", "test_ndcg@10")),
+    Claim("LISA-Soft stays within 0.01 of a 1-layer, 1-head Transformer on HR@10 and NDCG@10",
+          "Wu et al., WWW 2021, Table 3", "lisa-soft", "sasrec-1l1h", "within", 0.01,
+          ("test_hr@10", "test_ndcg@10")),
+    Claim("LISA-Mini stays within 0.01 of a 1-layer, 1-head Transformer on HR@10 and NDCG@10",
+          "Wu et al., WWW 2021, Table 3", "lisa-mini", "sasrec-1l1h", "within", 0.01,
+          ("test_hr@10", "test_ndcg@10")),
+    Claim("ELASTIC's hierarchical query network beats the mean query", "ELASTIC, Table 3", "elastic",
+          "elastic-mean-query", "better"),
+    Claim("ELASTIC's per-user interest retrieval (IMR) beats shared interest tokens", "ELASTIC, Table 3", "elastic",
+          "elastic-no-imr", "better"),
+    Claim("ELASTIC's dispatcher aggregation helps", "ELASTIC design (no ablation row in the paper)", "elastic",
+          "elastic-no-dispatcher", "better"),
+)
+
+
+def study_name(dataset: str, study: str, quick: bool) -> str:
+    return f"repro-{'quick-' if quick else ''}{dataset.replace('-', '')}-{study}"
+
+
+def finished_seeds(folder: Path) -> int:
+    """Seeds whose trial finished successfully in a study folder (0 when it has no trial table yet)."""
+    table = folder / TRIALS_FILE
+    if not table.is_file():
+        return 0
+    trials = pd.read_parquet(table, columns=["status", "seed"])
+    return int(trials.loc[trials["status"] == "ok", "seed"].nunique())
+
+
+def sweep_overrides(dataset: str, study: str, source: str | None, quick: bool) -> list[str]:
+    overrides = [f"name={study_name(dataset, study, quick)}", f"dataset.name={DATASETS[dataset]}"]
+    if source:
+        overrides.append(f"dataset.source={source}")
+    if quick:
+        seeds = list(range(1, QUICK_SEEDS + 1))
+        overrides += ["budget.max_epochs=2", f"budget.num_samples={QUICK_SEEDS}", f"search.seed={{grid: {seeds}}}"]
+        if "prefixes_per_user" in (STUDY_DIR / f"{study}.yaml").read_text():
+            overrides.append("fixed.prefixes_per_user=5")
+    return overrides
+
+
+def run_study(dataset: str, study: str, args: argparse.Namespace) -> Path | None:
+    """Run (or resume, or skip) one study; its results folder, or None when it failed."""
+    folder = RESULTS / study_name(dataset, study, args.quick)
+    seeds = QUICK_SEEDS if args.quick else SEEDS
+    if finished_seeds(folder) >= seeds:
+        print(f"{folder.name}: done ({seeds} seeds)", flush=True)
+        return folder
+    command = [sys.executable, "-m", "study.sweep", str(STUDY_DIR / f"{study}.yaml"), "--quiet"]
+    for override in sweep_overrides(dataset, study, args.sources.get(dataset), args.quick):
+        command += ["--set", override]
+    if args.num_cpus:
+        command += ["--num-cpus", str(args.num_cpus)]
+    if (folder / TRIALS_FILE).is_file() or (folder / "tune").is_dir():
+        command.append("--resume")
+    print(f"{folder.name}: running ({' '.join(command[2:4])} …)", flush=True)
+    if subprocess.run(command, cwd=REPO).returncode != 0:
+        print(f"{folder.name}: the sweep failed; rerun to resume it", file=sys.stderr)
+        return None
+    return folder
+
+
+def best_efficient(args: argparse.Namespace) -> list[str]:
+    """The two efficient models with the best mean NDCG@10 ratio to SASRec over ml-100k and LastFM."""
+    ratios: dict[str, list[float]] = {}
+    for dataset in ("ml-100k", "lastfm"):
+        means = {}
+        for study in ("sasrec", *EFFICIENT):
+            folder = RESULTS / study_name(dataset, study, args.quick)
+            if finished_seeds(folder) >= (QUICK_SEEDS if args.quick else SEEDS):
+                trials = pd.read_parquet(folder / TRIALS_FILE)
+                means[study] = trials.loc[trials["status"] == "ok", "test_ndcg@10"].mean()
+        for study in EFFICIENT:
+            if study in means and means.get("sasrec"):
+                ratios.setdefault(study, []).append(means[study] / means["sasrec"])
+    complete = {s: statistics.mean(r) for s, r in ratios.items() if len(r) == 2}
+    return sorted(complete, key=complete.get, reverse=True)[:2] if len(complete) == len(EFFICIENT) else []
+
+
+def seed_values(folders: dict[str, Path]) -> dict[str, pd.DataFrame]:
+    """Per study: its successful runs, one row per seed."""
+    studies = [load_results(folder) for folder in folders.values()]
+    assign_labels(studies)
+    runs = collect_runs(studies)
+    runs = runs[runs["measured"]]
+    by_name = {s.name: s for s in studies}
+    return {key: runs[runs["study"] == by_name[folder.name].name].drop_duplicates("seed").set_index("seed")
+            for key, folder in folders.items()}
+
+
+def mean_sd(values: pd.Series) -> str:
+    values = values.dropna()
+    if len(values) < 2:
+        return fmt(values.mean()) if len(values) else "–"
+    return f"{values.mean():.4f} ± {values.std(ddof=1):.4f}"
+
+
+def results_table(values: dict[str, pd.DataFrame]) -> list[str]:
+    lines = ["| study | objective | seeds | HR@10 | NDCG@10 | MRR@10 | best epoch (of run) | s/epoch |",
+             "|---|---|---|---|---|---|---|---|"]
+    for study, runs in values.items():
+        objective = str(runs["objective"].iloc[0]) if "objective" in runs and len(runs) else "–"
+        epochs = f"{runs['best_epoch'].mean():.0f} ({runs['epochs_run'].mean():.0f})" if len(runs) else "–"
+        seconds = f"{runs['epoch_time_s'].median():.1f}" if "epoch_time_s" in runs and len(runs) else "–"
+        lines.append(f"| {study} | {objective} | {len(runs)} | "
+                     + " | ".join(mean_sd(runs[m]) for m in METRICS) + f" | {epochs} | {seconds} |")
+    return lines
+
+
+def claim_lines(values: dict[str, pd.DataFrame], claims: tuple[Claim, ...]) -> list[str]:
+    """One line per claim whose two studies ran: verdict, our means, the difference and its paired test."""
+    tested = []
+    for claim in claims:
+        if claim.candidate not in values or claim.reference not in values:
+            continue
+        results = {m: compare(values[claim.candidate][m], values[claim.reference][m]) for m in claim.metrics}
+        tested.append((claim, results))
+    adjusted = iter(holm([r["p"] for claim, results in tested if claim.kind == "better"
+                          for r in results.values()]))
+    lines = []
+    for claim, results in tested:
+        verdicts, parts = [], []
+        for metric, r in results.items():
+            cand, ref, diff = r["mean_candidate"], r["mean_reference"], r["mean_diff"]
+            name = metric.removeprefix("test_").upper()
+            text = f"{name} {cand:.4f} vs {ref:.4f} (Δ {diff:+.4f}"
+            if claim.kind == "ratio":
+                ratio = cand / ref if ref else math.nan
+                verdicts.append(ratio >= claim.bound)
+                text += f", ratio {ratio:.3f}"
+            elif claim.kind == "within":
+                verdicts.append(abs(diff) <= claim.bound)
+            if not math.isnan(r["p"]):
+                text += f", paired t p = {fmt_p(r['p'])}"
+            if claim.kind == "better":
+                p_holm = next(adjusted)
+                verdicts.append(diff > 0 and p_holm < 0.05)
+                if not math.isnan(p_holm):
+                    text += f", Holm p = {fmt_p(p_holm)}"
+                if diff > 0 and not p_holm < 0.05:
+                    text += "; the sign agrees but the test does not separate them"
+            parts.append(text + f", n = {r['n_pairs'] or min(r['n_candidate'], r['n_reference'])})")
+        verdict = "**holds**" if all(verdicts) else "**does not hold**"
+        lines.append(f"- {verdict}: {claim.text} ({claim.source}). Ours: {'; '.join(parts)}.")
+    return lines
+
+
+def unconverged(values: dict[str, pd.DataFrame], max_epochs: int) -> list[str]:
+    """Runs whose best epoch was their last and that hit the epoch limit: still improving when stopped."""
+    lines = []
+    for study, runs in values.items():
+        hit = runs[(runs["best_epoch"] == runs["epochs_run"]) & (runs["epochs_run"] >= max_epochs)]
+        if len(hit):
+            lines.append(f"- {study}: seeds {', '.join(str(int(s)) for s in hit.index)} were still improving at "
+                         f"epoch {max_epochs}")
+    return lines
+
+
+def dataset_section(dataset: str, folders: dict[str, Path], args: argparse.Namespace, report_dir: Path) -> list[str]:
+    values = seed_values(folders)
+    main = {k: v for k, v in values.items() if k not in ABLATIONS}
+    ablations = {k: v for k, v in values.items() if k in ABLATIONS or k == "elastic"}
+    wall = sum(float(v["wall_time_s"].sum()) for v in values.values())
+    lines = [f"## {dataset}", "", *results_table(main), "",
+             f"Full report with the paired t-tests (Holm), effect sizes and the Pareto fronts: "
+             f"[{report_dir.name}/report.md]({report_dir.relative_to(Path(args.out).parent)}/report.md). "
+             f"Training time of these runs: {wall / 3600:.2f} h of trial wall time.", "",
+             *(f"![Pareto front of validation NDCG@10 against {axis}, {dataset}]"
+               f"({report_dir.relative_to(Path(args.out).parent)}/pareto_valid_ndcg_10__{axis}.png)"
+               for axis in ("peak_mem_mb", "infer_ms_p50")), "",
+             "### Claims", "", *(claim_lines(values, CLAIMS) or ["- no claim has both of its studies yet"]), ""]
+    if len(ablations) > 1:
+        lines += ["### ELASTIC ablations", "", *results_table(ablations), ""]
+    stopped = unconverged(values, 2 if args.quick else 200)
+    lines += ["### Runs stopped by the epoch limit", "", *(stopped or ["- none: every run stopped early on "
+                                                                          "validation"]), ""]
+    return lines
+
+
+def write_report(sections: list[str], out: Path) -> None:
+    """Replace the generated part of ``out`` (or create it), keeping every hand-written line outside the markers."""
+    generated = "\n".join([BEGIN, *sections, END])
+    if out.is_file():
+        text = out.read_text()
+        pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.S)
+        text = pattern.sub(lambda _: generated, text) if pattern.search(text) else f"{text.rstrip()}\n\n{generated}\n"
+    else:
+        text = f"# Reproduction\n\n{generated}\n"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+
+
+def report(dataset: str, folders: dict[str, Path], args: argparse.Namespace) -> list[str]:
+    out = Path(args.out)
+    report_dir = out.parent / out.stem / dataset
+    reference = f"sasrec@{folders['sasrec'].name}" if "sasrec-1l1h" in folders else "sasrec"
+    command = [sys.executable, "-m", "study.report", *map(str, folders.values()), "--out", str(report_dir),
+               "--metrics", ",".join(METRICS), "--reference", reference]
+    if subprocess.run(command, cwd=REPO, stdout=subprocess.DEVNULL).returncode != 0:
+        print(f"{dataset}: study.report failed", file=sys.stderr)
+    return dataset_section(dataset, folders, args, report_dir)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ml100k", help="local ml-100k file/zip (default: download from GroupLens)")
+    parser.add_argument("--lastfm", help="the S3Rec LastFM.txt (LastFM is skipped without it)")
+    parser.add_argument("--beauty", help="the S3Rec Beauty.txt (Beauty is skipped without it)")
+    parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
+    parser.add_argument("--studies", nargs="+", default=[*MAIN_STUDIES, *ABLATIONS],
+                        choices=[*MAIN_STUDIES, *ABLATIONS])
+    parser.add_argument("--num-cpus", type=int, help="CPUs of the embedded Ray (default: the machine's)")
+    parser.add_argument("--out", default=None, help="the report (default docs/reproduction.md; "
+                                                    "results/repro-quick.md with --quick)")
+    parser.add_argument("--report-only", action="store_true", help="only rebuild the report from what exists")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 2 seeds, 2 epochs, separate names")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    args.out = str(REPO / (args.out or ("results/repro-quick.md" if args.quick else "docs/reproduction.md")))
+    missing = [s for s in args.studies if not (STUDY_DIR / f"{s}.yaml").is_file()]
+    if missing:
+        print(f"error: no study file for {', '.join(missing)} in {STUDY_DIR}", file=sys.stderr)
+        return 2
+    args.sources = {"ml-100k": args.ml100k, "lastfm": args.lastfm, "beauty": args.beauty}
+    sections = []
+    for dataset in args.datasets:
+        if dataset != "ml-100k" and not args.sources[dataset]:
+            print(f"{dataset}: skipped, give --{dataset} PATH", file=sys.stderr)
+            continue
+        studies = list(args.studies)
+        if dataset == "beauty":
+            chosen = best_efficient(args)
+            if not chosen:
+                print("beauty: waits until every efficient model ran on ml-100k and lastfm", file=sys.stderr)
+                continue
+            studies = [s for s in ("sasrec", "bert4rec", *chosen) if s in args.studies]
+        folders = {}
+        for study in studies:
+            folder = RESULTS / study_name(dataset, study, args.quick)
+            if not args.report_only:
+                run_study(dataset, study, args)
+            if finished_seeds(folder):
+                folders[study] = folder
+        if "sasrec" in folders and len(folders) > 1:
+            sections += report(dataset, folders, args)
+    write_report(sections, Path(args.out))
+    print(f"report: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
