@@ -31,8 +31,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from study.cluster import add_address_argument, choose_auth_mode
-from study.errors import UserError, print_error
+from study.cli import run_command
+from study.cluster import add_address_argument
+from study.errors import UserError
 from study.storage import Mirror, local_copy
 
 if TYPE_CHECKING:
@@ -285,33 +286,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if not args.dry_run:  # (a dry run prints its plan alone)
-        # the first line comes before pandas, torch and Ray, which take seconds on a busy machine
-        print(f"study.replicate: selecting configurations of {args.study}, then starting Ray", file=sys.stderr,
-              flush=True)
-    choose_auth_mode(args.address)
-    from models import ConfigError
-    from study.analysis import pareto
-    from study.analysis.runs import selection_metric
 
-    try:
+    def body() -> int:
+        from study.analysis import pareto
+        from study.analysis.runs import selection_metric
+
         if args.resume and args.dry_run:
             raise UserError("--resume and --dry-run exclude each other")
         objectives = pareto.parse_objectives(args.objectives or pareto.format_objectives(pareto.DEFAULT_OBJECTIVES))
         outcome = replicate(args.study, seeds=args.seeds, select=args.select, objectives=objectives,
                             select_metric=args.select_metric, first_seed=args.first_seed, dry_run=args.dry_run,
                             resume=args.resume, num_cpus=args.num_cpus, address=args.address, quiet=args.quiet)
-    except (UserError, ConfigError) as error:  # StudyConfigError too: one line per problem
-        return print_error(error)
-    except KeyboardInterrupt:
-        print(f"interrupted; continue with: python -m study.replicate {args.study} --resume", file=sys.stderr)
-        return 130
-    print(describe(outcome["plan"]))
-    if outcome["batch"] is not None:
-        metric = selection_metric(objectives, args.select_metric)
-        print(summarise(outcome["replicates"], outcome["batch"], metric))
-        print(f"next: python -m study.report {args.study} [other studies …]")
-    return 0
+        print(describe(outcome["plan"]))
+        if outcome["batch"] is not None:
+            metric = selection_metric(objectives, args.select_metric)
+            print(summarise(outcome["replicates"], outcome["batch"], metric))
+            print(f"next: python -m study.report {args.study} [other studies …]")
+        return 0
+
+    # (a dry run prints its plan alone)
+    return run_command(body, address=args.address, first_line=None if args.dry_run else
+                       f"study.replicate: selecting configurations of {args.study}, then starting Ray",
+                       interrupted=f"continue with: python -m study.replicate {args.study} --resume")
 
 
 if __name__ == "__main__":

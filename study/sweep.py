@@ -14,8 +14,9 @@ import argparse
 import sys
 from typing import Any
 
-from study.cluster import add_address_argument, choose_auth_mode
-from study.errors import UserError, print_error
+from study.cli import print_dry_run, run_command
+from study.cluster import add_address_argument
+from study.errors import UserError
 
 # torch (through models and the spec) and Ray are imported inside main, after the first line is out
 
@@ -62,15 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if not args.dry_run:  # (a dry run's stderr is its verdict alone: `# valid: …` or the error lines)
-        # the first line comes before torch, the dataset and Ray, which take seconds on a busy machine
-        print(f"study.sweep: validating {args.study}, then preparing its dataset and starting Ray", file=sys.stderr,
-              flush=True)
-    choose_auth_mode(args.address)
-    from models import ConfigError
-    from study.spec.sweep import load_study
 
-    try:
+    def body() -> int:
+        from study.spec.sweep import load_study
+
         if args.resume and args.dry_run:
             raise UserError("--resume and --dry-run exclude each other")
         # a joined cluster may have more CPUs/GPUs than this machine: only check the machine for an embedded Ray
@@ -78,23 +74,19 @@ def main(argv: list[str] | None = None) -> int:
         if study.adaptation:  # a shortened budget runs: say once what it changed (study.yaml records it too)
             print(f"adapted to the budget: {study.adaptation}", file=sys.stderr)
         if args.dry_run:
-            mirrored = f", mirrored to {study.storage_uri}" if study.storage_uri else ""
-            print(study.to_yaml(), end="")
             checked = "every" if study.exhaustive_check else "one key at a time over"
-            print(f"# valid: checked {checked} {study.checked_points} search combination(s) against {study.model}'s "
-                  f"constraints; results would go to {study.storage}{mirrored}", file=sys.stderr)
-            return 0
+            return print_dry_run(study, f"checked {checked} {study.checked_points} search combination(s) against "
+                                        f"{study.model}'s constraints")
         from study.search.runner import run_study  # imports Ray: only once the study is known to be valid
 
         outcome = run_study(study, resume=args.resume, dashboard=args.dashboard, address=args.address,
                             num_cpus=args.num_cpus, quiet=args.quiet)
-    except (UserError, ConfigError) as error:  # StudyConfigError too: one line per problem
-        return print_error(error)
-    except KeyboardInterrupt:
-        print(f"interrupted; continue with: python -m study.sweep {args.study} --resume", file=sys.stderr)
-        return 130
-    print(outcome["summary"])
-    return 0
+        print(outcome["summary"])
+        return 0
+
+    return run_command(body, address=args.address, first_line=None if args.dry_run else
+                       f"study.sweep: validating {args.study}, then preparing its dataset and starting Ray",
+                       interrupted=f"continue with: python -m study.sweep {args.study} --resume")
 
 
 if __name__ == "__main__":

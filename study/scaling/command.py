@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from study.errors import UserError, print_error
+from study.errors import UserError
 from study.scaling.cells import cell_specs, check_data, real_batch
 from study.scaling.outputs import cell_rows, sequence_summary, write_outputs
 from study.scaling.schedule import execute, per_cell_resources
@@ -178,32 +178,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from study.cluster import choose_auth_mode
+    from study.cli import print_dry_run, run_command
 
     args = build_parser().parse_args(argv)
-    if not args.dry_run:  # (a dry run's stderr is its verdict alone: `# valid: …` or the error lines)
-        # the first line comes before torch, the dataset and Ray, which take seconds on a busy machine
-        print(f"study.scaling: validating {args.study}, then preparing its batches and starting Ray",
-              file=sys.stderr, flush=True)
-    choose_auth_mode(args.address)
-    from models import ConfigError
 
-    try:
+    def body() -> int:
         study = load_scaling_study(args.study, args.overrides, check_machine=args.address == "local")
         if args.dry_run:
-            mirrored = f", mirrored to {study.storage_uri}" if study.storage_uri else ""
-            print(study.to_yaml(), end="")
-            print(f"# valid: {len(study.cells())} cells ({len(study.models)} models × {len(study.lengths)} lengths × "
-                  f"{len(study.batch_keys())} batch setting(s) × {len(study.modes)} mode(s)); results would go to "
-                  f"{study.storage}{mirrored}", file=sys.stderr)
-            return 0
+            return print_dry_run(study, f"{len(study.cells())} cells ({len(study.models)} models × "
+                                        f"{len(study.lengths)} lengths × {len(study.batch_keys())} batch setting(s) "
+                                        f"× {len(study.modes)} mode(s))")
         outcome = run_study(study, address=args.address, num_cpus=args.num_cpus,
                             progress=not args.no_progress and sys.stderr.isatty(), quiet=args.quiet,
                             overwrite=args.overwrite)
-    except (UserError, ConfigError) as error:  # StudyConfigError too: one line per problem
-        return print_error(error)
-    except KeyboardInterrupt:
-        print("interrupted; the cells measured so far are in cells.jsonl of the results folder", file=sys.stderr)
-        return 130
-    print(outcome["text"])
-    return 0
+        print(outcome["text"])
+        return 0
+
+    return run_command(body, address=args.address, first_line=None if args.dry_run else
+                       f"study.scaling: validating {args.study}, then preparing its batches and starting Ray",
+                       interrupted="the cells measured so far are in cells.jsonl of the results folder")
