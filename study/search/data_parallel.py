@@ -105,8 +105,11 @@ def data_parallel_worker(loop_config: dict[str, Any]) -> None:
         ray.train.report(metrics, checkpoint=as_train_checkpoint(checkpoint) if rank == 0 else None)
 
     resume_from = last_train_state()
-    reporter = EpochReporter(figures, train_cfg.batch_size, started, report,
-                             checkpoint_every=plan.checkpoint_every if rank == 0 else 0, resumed=resume_from)
+    # the Train run is named after the Tune trial: rank 0 keeps the best model where a one-process trial does
+    best_model_dir = os.path.join(plan.models_dir, context.get_experiment_name()) if plan.models_dir else None
+    reporter = EpochReporter(figures, train_cfg.batch_size, started, report, resumed=resume_from,
+                             checkpoint_every=plan.checkpoint_every if rank == 0 else 0,
+                             best_model_dir=best_model_dir if rank == 0 else None)
     shard = ray.train.get_dataset_shard("train")
     batches = ray_data_batches(shard, train_cfg.batch_size, train_cfg.seed, max_len, plan.shuffle_rows // world + 1)
     handle = register_optimizer_step_pre_hook(average_gradients)
