@@ -70,3 +70,22 @@ def test_a_tracker_without_its_package_is_refused_before_ray_starts(tracker: str
 def test_no_tracking_section_adds_no_callback(tmp_path: Path, data_cache: Path) -> None:
     study = load_study(study_file(tmp_path, ""), check_machine=False)
     assert tracking_callbacks(study.tracking) == [] and "tracking" not in study.to_dict()
+
+
+def test_an_mlflow_file_store_is_refused_unless_mlflow_is_told_to_open_it(tmp_path: Path, data_cache: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLflow 3 (the dev extra's) refuses file stores without MLFLOW_ALLOW_FILE_STORE; say so before Ray starts."""
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    store = f"file:{tmp_path / 'mlruns'}"
+    with pytest.raises(StudyConfigError) as caught:
+        load_study(study_file(tmp_path, f"tracking: {{mlflow: {{tracking_uri: '{store}'}}}}\n"), check_machine=False)
+    assert "tracking.mlflow.tracking_uri" in str(caught.value) and "MLFLOW_ALLOW_FILE_STORE=true" in str(caught.value)
+
+    sqlite = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    study = load_study(study_file(tmp_path, f"tracking: {{mlflow: {{tracking_uri: '{sqlite}'}}}}\n"),
+                       check_machine=False)
+    assert study.tracking.mlflow == {"tracking_uri": sqlite, "experiment": "sections"}
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    study = load_study(study_file(tmp_path, f"tracking: {{mlflow: {{tracking_uri: '{store}'}}}}\n"),
+                       check_machine=False)
+    assert study.tracking.mlflow["tracking_uri"] == store
