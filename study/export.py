@@ -17,7 +17,8 @@ The folder holds everything needed to use the model without the study or the dat
   :mod:`study.recommend` feeds the model and masks.
 
 A trial's best model is the one it kept in ``<study>/models/<trial_id>/`` (local runs) or, on a cluster, the best
-weights inside its last Tune checkpoint (``<study>/tune/<trial>/checkpoint_*``). ``--best`` (the default) picks the
+weights inside its last Tune checkpoint (``<study>/tune/<trial>/checkpoint_*``; a data-parallel trial's, in
+``<study>/tune/<trial>/<trial_id>/checkpoint_*``). ``--best`` (the default) picks the
 finished trial with the best value of the study's first validation objective.
 """
 
@@ -68,9 +69,12 @@ def find_best_model(study_dir: Path, trial_id: str) -> tuple[dict[str, torch.Ten
     if (folder / BEST_WEIGHTS_FILE).is_file() and (folder / BEST_INFO_FILE).is_file():
         weights = torch.load(folder / BEST_WEIGHTS_FILE, map_location="cpu", weights_only=True)
         return weights, json.loads((folder / BEST_INFO_FILE).read_text())
-    checkpoints = sorted(study_dir.glob(f"{TUNE_DIR}/*{trial_id}*/checkpoint_*"))
+    # a data-parallel trial's checkpoints lie in its Train run's folder, inside the Tune trial's
+    patterns = (f"{TUNE_DIR}/*{trial_id}*/checkpoint_*", f"{TUNE_DIR}/*{trial_id}*/*/checkpoint_*")
+    checkpoints = [path for pattern in patterns for path in sorted(study_dir.glob(pattern)) if path.is_dir()]
     if checkpoints:
-        state = load_state(checkpoints[-1])  # checkpoint_000004 sorts after checkpoint_000003: the newest
+        # checkpoint_000004 sorts after checkpoint_000003, and Train's timestamped names sort by time: the newest
+        state = load_state(checkpoints[-1])
         if state.best_weights is not None:
             return state.best_weights, {**state.identity, "best_epoch": state.best_epoch,
                                         "best_valid": state.best_valid, "best_test": state.best_test,

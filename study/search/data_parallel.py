@@ -5,6 +5,11 @@ pre-step hook averages all gradients across workers before each step, so the rep
 ``streaming_split(equal=True)`` gives each worker the same number of windows, hence the same number of steps (the
 sweep refuses the ``last`` objective here, whose prefix expansion would break that). Every worker evaluates the
 full validation set (identical results); rank 0's reports go to Tune.
+
+Checkpoints (``checkpoint.every``) work as in a one-process trial, through Ray Train: rank 0 reports the
+:class:`~study.train.state.TrainingState` as a Train checkpoint, kept in the Tune trial's own folder of the study, and
+a retried or ``--resume``-d trial starts a Train run of the same name there, which Train restores from its last
+checkpoint (every worker then resumes from it).
 """
 
 from __future__ import annotations
@@ -48,10 +53,10 @@ def data_parallel_trial(config: dict[str, Any], *, plan: TrialPlan, data: TrialD
         datasets={"train": train_ds},
         dataset_config=DataConfig(datasets_to_split=["train"]),
         # Train's own run state stays on the trial's node (the study's folder may be on another machine): the
-        # metrics reach the study through Tune
-        run_config=RunConfig(name=context.get_trial_id(), storage_path=os.path.join(tempfile.gettempdir(),
-                                                                                     "seqrec-study-train"),
-                             callbacks=[TuneReportCallback()]),
+        # metrics reach the study through Tune; a checkpointing study keeps the run with the trial (with_checkpoints)
+        run_config=with_checkpoints(RunConfig(name=context.get_trial_id(),
+                                              storage_path=os.path.join(tempfile.gettempdir(), "seqrec-study-train"),
+                                              callbacks=[TuneReportCallback()]), plan),
     )
     result = trainer.fit()
     if result.error is not None:
@@ -95,15 +100,75 @@ def data_parallel_worker(loop_config: dict[str, Any]) -> None:
                 p.grad = flat[offset:offset + n].view_as(p).clone()
                 offset += n
 
-    def report(metrics: dict[str, Any]) -> None:
-        ray.train.report(metrics)  # every rank reports (Train requires it); the Tune callback forwards rank 0's
+    def report(metrics: dict[str, Any], checkpoint: Any = None) -> None:
+        # every rank reports (Train requires it); the Tune callback forwards rank 0's, and rank 0's checkpoint is kept
+        ray.train.report(metrics, checkpoint=as_train_checkpoint(checkpoint) if rank == 0 else None)
 
-    reporter = EpochReporter(figures, train_cfg.batch_size, started, report)
+    resume_from = last_train_state()
+    # the Train run is named after the Tune trial: rank 0 keeps the best model where a one-process trial does
+    best_model_dir = os.path.join(plan.models_dir, context.get_experiment_name()) if plan.models_dir else None
+    reporter = EpochReporter(figures, train_cfg.batch_size, started, report, resumed=resume_from,
+                             checkpoint_every=plan.checkpoint_every if rank == 0 else 0,
+                             best_model_dir=best_model_dir if rank == 0 else None)
     shard = ray.train.get_dataset_shard("train")
     batches = ray_data_batches(shard, train_cfg.batch_size, train_cfg.seed, max_len, plan.shuffle_rows // world + 1)
     handle = register_optimizer_step_pre_hook(average_gradients)
     try:
-        run_trial(plan.model, trial_data, settings, callback=reporter, train_batches=batches)
+        run_trial(plan.model, trial_data, settings, callback=reporter, train_batches=batches, resume_from=resume_from)
     finally:
         handle.remove()
+
+
+def with_checkpoints(run_config: Any, plan: TrialPlan) -> Any:
+    """The trial's Train RunConfig, checkpointing as the study says (unchanged when it does not checkpoint).
+
+    The run is kept in the Tune trial's folder, where Tune keeps a one-process trial's checkpoints (the study's
+    storage), rather than on the node's temporary disk: a restarted trial, maybe on another node, finds it there.
+    """
+    import dataclasses
+
+    from ray.train import CheckpointConfig
+
+    if not plan.checkpoint_every:
+        return run_config
+    settings: dict[str, Any] = {"checkpoint_config": CheckpointConfig(num_to_keep=plan.checkpoint_keep)}
+    storage = _tune_trial_storage()
+    if storage is not None:
+        settings.update(storage_path=storage[0], storage_filesystem=storage[1])
+    return dataclasses.replace(run_config, **settings)
+
+
+def _tune_trial_storage() -> tuple[str, Any] | None:
+    """(path, filesystem) of the Tune trial's folder in the study's storage, or None where Tune does not say.
+
+    Tune's public context gives only the trial's working directory, which is per Ray session; its storage context
+    knows the folder that outlives the session.
+    """
+    try:
+        from ray.train._internal.session import get_session
+
+        storage = get_session().storage
+        return storage.trial_fs_path, storage.storage_filesystem
+    except (ImportError, AttributeError, RuntimeError):
+        return None
+
+
+def as_train_checkpoint(checkpoint: Any) -> Any:
+    """The EpochReporter's (Tune) checkpoint as the Ray Train one ``ray.train.report`` takes; None stays None."""
+    import ray.train
+
+    return None if checkpoint is None else ray.train.Checkpoint.from_directory(checkpoint.path)
+
+
+def last_train_state() -> Any:
+    """The training state of the Train run's last checkpoint (a restored run), or None on a first start."""
+    import ray.train
+
+    from study.train.state import load_state
+
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        return None
+    with checkpoint.as_directory() as folder:
+        return load_state(folder)
 

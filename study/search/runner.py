@@ -279,7 +279,7 @@ def _drive(study: Study, out: Path, mirror: Mirror, base_data: TrialData, train_
                      records_dir=str(out / RECORDS_DIR), shuffle_rows=max(1, train_table.num_rows),
                      recorded=read_records(out / RECORDS_DIR) if resume else None,
                      workers=workers, cpu=study.resources.cpu,
-                     gpu=study.resources.gpu, checkpoint_every=checkpoint_every,
+                     gpu=study.resources.gpu, checkpoint_every=checkpoint_every, checkpoint_keep=study.checkpoint.keep,
                      models_dir=None if on_cluster else str(out / MODELS_DIR))
     trial_function = data_parallel_trial if plan.workers > 1 else sweep_trial
     trainable = tune.with_parameters(trial_function, plan=plan, data=base_data, train_ds=train_ds)
@@ -310,7 +310,7 @@ def _drive(study: Study, out: Path, mirror: Mirror, base_data: TrialData, train_
             param_space=None if points is None else points_space(points),
             tune_config=tune.TuneConfig(**search, reuse_actors=True),
             run_config=tune.RunConfig(name=TUNE_DIR, storage_path=str(out),
-                                      callbacks=[recorder, *tracking_callbacks(study.tracking)],
+                                      callbacks=[recorder, *tracking_callbacks(study.tracking, _base_settings(study))],
                                       checkpoint_config=tune.CheckpointConfig(num_to_keep=study.checkpoint.keep),
                                       failure_config=tune.FailureConfig(max_failures=max_failures),
                                       progress_reporter=_progress_reporter(study), verbose=0 if quiet else 1),

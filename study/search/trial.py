@@ -63,6 +63,7 @@ class TrialPlan:
     cpu: float = 1.0
     gpu: float = 0.0
     checkpoint_every: int = 0  # epochs between Tune checkpoints of the training state (0 = none)
+    checkpoint_keep: int = 2  # checkpoints kept per trial (a data-parallel trial's Train run keeps its own)
     # where each trial keeps its best-validation model (<models_dir>/<trial_id>/), when the trials can write to the
     # study's folder (a local run); on a cluster the trial's last checkpoint holds them instead
     models_dir: str | None = None

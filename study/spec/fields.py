@@ -308,7 +308,34 @@ def read_tracking(data: dict, errors: ConfigErrors, *, study_name: str) -> Track
                                               f"pip install {TRACKER_PACKAGES[tracker].split()[0]}")
         defaults = {"mlflow": {"tracking_uri": None, "experiment": study_name}, "wandb": {"project": study_name}}
         chosen[tracker] = {**defaults[tracker], **{k: v for k, v in section.items() if k in keys}}
+    uri = (chosen.get("mlflow") or {}).get("tracking_uri")
+    if uri is not None and _mlflow_refuses_file_store(str(uri)):
+        errors.add(("tracking", "mlflow", "tracking_uri"),
+                   f"{uri} is an MLflow file store, which the installed MLflow opens only with "
+                   "MLFLOW_ALLOW_FILE_STORE=true in the environment: set it, or use sqlite:///PATH/mlflow.db")
     return Tracking(**chosen)
+
+
+def _mlflow_refuses_file_store(uri: str) -> bool:
+    """Whether MLflow would refuse ``uri`` as a file store (MLflow 3 does, unless MLFLOW_ALLOW_FILE_STORE is set).
+
+    Known here from the installed package's files, without importing it (seconds): the refusal comes with that
+    environment variable. Found now, it is one error line before Ray starts, not a traceback from inside Tune.
+    """
+    import importlib.util
+    import os
+    import re
+
+    scheme = re.match(r"^([A-Za-z][\w+.-]*):", uri)
+    if (scheme and scheme.group(1).lower() != "file") or uri == "databricks":
+        return False
+    if os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").strip().lower() in ("true", "1"):
+        return False
+    spec = importlib.util.find_spec("mlflow")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    variables = Path(next(iter(spec.submodule_search_locations))) / "environment_variables.py"
+    return variables.is_file() and "MLFLOW_ALLOW_FILE_STORE" in variables.read_text()
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -227,11 +227,21 @@ def test_a_data_parallel_trial_runs_on_two_workers(tmp_path: Path, data_cache: P
 
     out = tmp_path / "out"
     path = write_tiny_sweep(tmp_path / "study.yaml", name="two-workers", storage=out, samples=1)
-    run_study(load_study(path, ["resources.workers_per_trial=2"]), quiet=True)
+    run_study(load_study(path, ["resources.workers_per_trial=2", "checkpoint={every: 1, keep: 1}"]), quiet=True)
 
     (record,) = read_records(out / "trials").values()
     assert record["status"] == "ok" and record["last_report"]["workers"] == 2, record["error"]
     assert [row["epoch"] for row in record["history"]] == [1]
+    # rank 0 checkpointed the training state in the trial's Train run (what a restarted trial resumes from) and kept
+    # the best model where a one-process trial does; export finds the weights in the checkpoint without that folder
+    from study.export import export_model
+    from study.train.state import load_state
+
+    (checkpoint,) = [path for path in (out / "tune").glob("*/*/checkpoint_*") if path.is_dir()]
+    assert load_state(checkpoint).epoch == 1
+    assert (out / "models" / record["trial_id"] / "model.pt").is_file()
+    shutil.rmtree(out / "models")
+    assert json.loads((export_model(out, tmp_path / "export") / "model.json").read_text())["best_epoch"] == 1
 
 
 def test_a_sweep_trial_gives_the_metrics_of_study_train_for_the_same_seed(tmp_path: Path, data_cache: Path,

@@ -49,18 +49,43 @@ def test_bad_checkpoint_keys_are_reported_by_name(tmp_path: Path, data_cache: Pa
 
 
 @pytest.mark.parametrize("tracker", ["wandb", "mlflow"])
-def test_a_tracker_without_its_package_is_refused_before_ray_starts(tracker: str, tmp_path: Path,
-                                                                    data_cache: Path) -> None:
+def test_a_tracker_without_its_package_is_refused_before_ray_starts(tracker: str, tmp_path: Path, data_cache: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """Whether or not this machine has the package: the sweep command ends with one error line naming it."""
+    import ray
+
+    from study.sweep import main
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == tracker else real_find_spec(name, *args))
     path = study_file(tmp_path, f"tracking: {{{tracker}: {{}}}}\n")
-    if importlib.util.find_spec(tracker) is not None:
-        study = load_study(path, check_machine=False)
-        assert len(tracking_callbacks(study.tracking)) == 1
-        return
-    with pytest.raises(StudyConfigError) as caught:
-        load_study(path, check_machine=False)
-    assert f"tracking.{tracker}" in str(caught.value) and "pip install" in str(caught.value)
+    assert main([str(path), "--num-cpus", "1", "--quiet"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    package = {"mlflow": "mlflow-skinny", "wandb": "wandb"}[tracker]
+    assert len(errors) == 1 and f"tracking.{tracker}" in errors[0] and f"pip install {package}" in errors[0], errors
+    assert not ray.is_initialized()
 
 
 def test_no_tracking_section_adds_no_callback(tmp_path: Path, data_cache: Path) -> None:
     study = load_study(study_file(tmp_path, ""), check_machine=False)
     assert tracking_callbacks(study.tracking) == [] and "tracking" not in study.to_dict()
+
+
+def test_an_mlflow_file_store_is_refused_unless_mlflow_is_told_to_open_it(tmp_path: Path, data_cache: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLflow 3 (the dev extra's) refuses file stores without MLFLOW_ALLOW_FILE_STORE; say so before Ray starts."""
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    store = f"file:{tmp_path / 'mlruns'}"
+    with pytest.raises(StudyConfigError) as caught:
+        load_study(study_file(tmp_path, f"tracking: {{mlflow: {{tracking_uri: '{store}'}}}}\n"), check_machine=False)
+    assert "tracking.mlflow.tracking_uri" in str(caught.value) and "MLFLOW_ALLOW_FILE_STORE=true" in str(caught.value)
+
+    sqlite = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    study = load_study(study_file(tmp_path, f"tracking: {{mlflow: {{tracking_uri: '{sqlite}'}}}}\n"),
+                       check_machine=False)
+    assert study.tracking.mlflow == {"tracking_uri": sqlite, "experiment": "sections"}
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    study = load_study(study_file(tmp_path, f"tracking: {{mlflow: {{tracking_uri: '{store}'}}}}\n"),
+                       check_machine=False)
+    assert study.tracking.mlflow["tracking_uri"] == store

@@ -1,0 +1,104 @@
+"""Experiment trackers fed by a real sweep: an MLflow file store read back with MLflow's own client."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+EPOCHS = 2
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False,
+             runtime_env={"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}}, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def test_an_mlflow_file_store_holds_one_run_per_trial_with_its_epochs(tmp_path: Path, data_cache: Path, ray_session,
+                                                                      write_tiny_sweep,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from study.search.runner import run_study
+    from study.search.tracking import TRIAL_ID_TAG
+    from study.spec.sweep import load_study
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 refuses new file stores unless told (docs)
+    out, store = tmp_path / "out", tmp_path / "mlruns"
+    path = write_tiny_sweep(tmp_path / "study.yaml", name="tracked", storage=out, samples=2)
+    run_study(load_study(path, [f"budget.max_epochs={EPOCHS}", "scheduler=none", "fixed.measure_efficiency=true",
+                                f"tracking={{mlflow: {{tracking_uri: 'file:{store}', experiment: tracked-x}}}}"]),
+              quiet=True)
+    trials = pd.read_parquet(out / "trials.parquet").set_index("trial_id")
+    assert (trials["status"] == "ok").all() and len(trials) == 2
+    history = pd.read_parquet(out / "history.parquet")
+
+    client = MlflowClient(tracking_uri=f"file:{store}")
+    experiment = client.get_experiment_by_name("tracked-x")
+    runs = client.search_runs([experiment.experiment_id])
+    assert sorted(run.data.tags[TRIAL_ID_TAG] for run in runs) == sorted(trials.index)  # one run per trial
+    for run in runs:
+        trial = trials.loc[run.data.tags[TRIAL_ID_TAG]]
+        assert run.info.status == "FINISHED"
+        # the searched config, and the settings every trial shares
+        assert float(run.data.params["lr"]) == pytest.approx(trial["config.lr"])
+        assert run.data.params["hidden_size"] == "16" and run.data.params["max_epochs"] == str(EPOCHS)
+        # per-epoch validation metrics, under names MLflow accepts, one value per epoch
+        logged = {point.step: point.value for point in client.get_metric_history(run.info.run_id, "valid_ndcg_at_10")}
+        assert len(client.get_metric_history(run.info.run_id, "valid_ndcg_at_10")) == EPOCHS
+        epochs = history[history["trial_id"] == trial.name].set_index("epoch")["valid_ndcg@10"]
+        assert logged == pytest.approx(epochs.to_dict()) and sorted(logged) == list(range(1, EPOCHS + 1))
+        # the efficiency figures measured before the first epoch
+        assert run.data.metrics["params"] == trial["params"]
+        assert run.data.metrics["peak_mem_mb"] == pytest.approx(trial["peak_mem_mb"])
+        assert "infer_ms_p50" in run.data.metrics and "median_epoch_time_s" in run.data.metrics
+
+
+class FakeTrial:
+    """What the callback reads of a Tune trial."""
+
+    def __init__(self, trial_id: str, config: dict):
+        self.trial_id, self.config = trial_id, config
+
+    def __str__(self) -> str:
+        return f"trainable_{self.trial_id}"
+
+
+def test_a_resumed_session_logs_into_the_run_its_trial_already_has(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tune restores its callbacks by unpickling them; a resumed or retried trial must not open a second run."""
+    import pickle
+
+    from mlflow.tracking import MlflowClient
+
+    from study.search.tracking import MLflowTrialRuns
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = f"file:{tmp_path / 'mlruns'}"
+    trial = FakeTrial("abc_00000", {"lr": 0.01, "block": {"depth": 2}})
+    first = MLflowTrialRuns(uri, "resumed", {"hidden_size": 16})
+    restored = pickle.loads(pickle.dumps(first))  # as Tune keeps it for --resume, before the first session runs
+    first.setup()
+    first.log_trial_start(trial)
+    first.log_trial_result(1, trial, {"epoch": 1, "valid_ndcg@10": 0.1, "training_iteration": 1, "done": False,
+                                      "kernel_path": "eager", "config": trial.config, "throughput": float("nan")})
+    # the session is killed here: the run never ends
+    restored.setup()
+    restored.log_trial_start(trial)
+    restored.log_trial_result(3, trial, {"epoch": 2, "valid_ndcg@10": 0.2, "training_iteration": 2})
+    restored.log_trial_result(4, trial, {"epoch": 2, "valid_ndcg@10": 0.2, "replayed": True})
+    restored.log_trial_end(trial)
+
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("resumed").experiment_id])
+    assert run.info.status == "FINISHED" and run.info.run_name == "trainable_abc_00000"
+    assert run.data.params == {"hidden_size": "16", "lr": "0.01", "block/depth": "2"}
+    assert [(p.step, p.value) for p in client.get_metric_history(run.info.run_id, "valid_ndcg_at_10")] == \
+        [(1, 0.1), (2, 0.2)]
+    assert set(run.data.metrics) == {"epoch", "valid_ndcg_at_10"}  # no strings, NaNs or Tune bookkeeping
