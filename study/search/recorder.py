@@ -6,6 +6,10 @@
 * ``trials.parquet`` + ``trials.csv``: one row per trial (schema of :mod:`study.train.results` plus the sweep's columns:
   ``trial_id``, ``stop_reason``, ``step_time_ms``, ``config.<key>`` for every setting, ``optuna_number``).
 * ``history.parquet``: one row per trial and epoch.
+* ``trials/<trial_id>.history.jsonl``: the epochs of a trial still running, one line each, appended as they are
+  reported and deleted once its record is written. A sweep killed mid-trial and resumed keeps the epochs before
+  the kill: the resumed trial continues from its checkpoint, and an epoch run again past that checkpoint
+  replaces the line it had.
 
 Every file is written to a temporary name in the same folder, then ``os.replace``d into place, so a reader (or a
 crash) never sees half a file. :class:`SweepRecorder` is the Tune callback on the driver that writes them.
@@ -70,6 +74,36 @@ def history_row(result: dict[str, Any]) -> dict[str, Any]:
 
 def record_path(records_dir: Path, trial_id: str) -> Path:
     return Path(records_dir) / f"{trial_id}.json"
+
+
+PARTIAL_HISTORY_SUFFIX = ".history.jsonl"
+
+
+def partial_history_path(records_dir: Path, trial_id: str) -> Path:
+    return Path(records_dir) / f"{trial_id}{PARTIAL_HISTORY_SUFFIX}"
+
+
+def append_history(history: list[dict[str, Any]], row: dict[str, Any]) -> list[dict[str, Any]]:
+    """``history`` with ``row`` added; an epoch that runs again (resumed from an earlier checkpoint) replaces the
+    rows from that epoch on, so no epoch appears twice."""
+    epoch = row.get("epoch")
+    kept = [r for r in history if epoch is None or r.get("epoch") is None or r["epoch"] < epoch]
+    return [*kept, row]
+
+
+def read_partial_histories(records_dir: Path) -> dict[str, list[dict[str, Any]]]:
+    """The epochs of every trial that was running when the sweep stopped (see the module docstring)."""
+    histories: dict[str, list[dict[str, Any]]] = {}
+    if Path(records_dir).is_dir():
+        for path in sorted(Path(records_dir).glob(f"*{PARTIAL_HISTORY_SUFFIX}")):
+            rows: list[dict[str, Any]] = []
+            for line in path.read_text().splitlines():
+                try:
+                    rows = append_history(rows, json.loads(line))
+                except json.JSONDecodeError:
+                    break  # a line cut by the kill: everything before it is whole
+            histories[path.name[:-len(PARTIAL_HISTORY_SUFFIX)]] = rows
+    return histories
 
 
 def read_record(records_dir: str | Path, trial_id: str) -> dict[str, Any] | None:
@@ -284,7 +318,8 @@ class SweepRecorder(Callback):
 
     def setup(self, **info: Any) -> None:
         # Also runs after Tuner.restore, which unpickles this callback: start from the records on disk.
-        self.history, self.last = {}, {}
+        self.last = {}
+        self.history = read_partial_histories(Path(self.out_dir) / RECORDS_DIR)
         self.records = read_records(Path(self.out_dir) / RECORDS_DIR)
         budget = self.context["study_time_budget_s"]
         self.deadline = time.time() + budget if budget else math.inf
@@ -292,7 +327,12 @@ class SweepRecorder(Callback):
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         self.last[trial.trial_id] = dict(result)
         if not result.get("replayed"):
-            self.history.setdefault(trial.trial_id, []).append(history_row(result))
+            row = json_safe(history_row(result))
+            self.history[trial.trial_id] = append_history(self.history.get(trial.trial_id, []), row)
+            records_dir = Path(self.out_dir) / RECORDS_DIR
+            records_dir.mkdir(parents=True, exist_ok=True)
+            with partial_history_path(records_dir, trial.trial_id).open("a") as out:
+                out.write(json.dumps(row) + "\n")
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self._record(trial, STATUS_OK, "")
@@ -321,6 +361,7 @@ class SweepRecorder(Callback):
         }
         out = Path(self.out_dir)
         write_record(out / RECORDS_DIR, record)
+        partial_history_path(out / RECORDS_DIR, trial.trial_id).unlink(missing_ok=True)
         self.records[trial.trial_id] = record
         write_tables(out, self.context, self.records)
         if self.mirror is not None:

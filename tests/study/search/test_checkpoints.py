@@ -84,6 +84,8 @@ def test_a_killed_trial_resumes_from_its_last_checkpoint(tmp_path: Path, monkeyp
     trials = pd.read_parquet(out / "trials.parquet")
     assert len(trials) == 1 and trials["status"].iloc[0] == "ok"
     assert trials["epochs_run"].iloc[0] == EPOCHS
+    # the study's history keeps the epochs before the kill, and none twice
+    assert pd.read_parquet(out / "history.parquet")["epoch"].tolist() == list(range(1, EPOCHS + 1))
 
     # the same trial run straight through gives the same metrics (same seed, same batches, restored generators)
     straight = subprocess.run([sys.executable, "-m", "study.train", "--model", "sasrec", "--dataset", "lastfm",

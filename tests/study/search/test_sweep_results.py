@@ -58,3 +58,36 @@ def test_objectives_read_validation_at_the_best_epoch() -> None:
     assert tune_key("valid_ndcg@10") == "best_valid_ndcg@10"
     assert tune_key("peak_mem_mb") == "peak_mem_mb"
     assert tune_key("epoch_time_s") == "median_epoch_time_s"
+
+
+def test_a_resumed_sweep_keeps_the_epochs_a_running_trial_reported_before_the_kill(tmp_path: Path) -> None:
+    """The driver appends each epoch of a running trial to trials/<id>.history.jsonl; a recorder restored after a
+    kill -9 starts from those lines, and an epoch run again past the checkpoint replaces its line."""
+    from types import SimpleNamespace
+
+    from study.search.recorder import SweepRecorder
+
+    trial = SimpleNamespace(trial_id="abc_00000")
+    context = {"study_time_budget_s": 0}
+
+    def report(recorder: SweepRecorder, epoch: int, ndcg: float) -> None:
+        recorder.on_trial_result(0, [], trial, {"epoch": epoch, "valid_ndcg@10": ndcg, "train_loss": 1.0 / epoch,
+                                                "training_iteration": epoch, "replayed": False})
+
+    killed = SweepRecorder(str(tmp_path), context)
+    killed.setup()
+    for epoch, ndcg in [(1, 0.01), (2, 0.02), (3, 0.03)]:
+        report(killed, epoch, ndcg)
+    partial = tmp_path / "trials" / "abc_00000.history.jsonl"
+    with partial.open("a") as out:
+        out.write('{"epoch": 4, "valid_nd')  # the kill cut the last line
+
+    resumed = SweepRecorder(str(tmp_path), context)  # as Tuner.restore gives it: a fresh setup
+    resumed.setup()
+    assert [row["epoch"] for row in resumed.history["abc_00000"]] == [1, 2, 3]
+    report(resumed, 3, 0.035)  # the checkpoint was epoch 2: epoch 3 runs again
+    report(resumed, 4, 0.04)
+    history = resumed.history["abc_00000"]
+    assert [(row["epoch"], row["valid_ndcg@10"]) for row in history] == [(1, 0.01), (2, 0.02), (3, 0.035),
+                                                                          (4, 0.04)]
+    assert "training_iteration" not in history[0]  # Tune's bookkeeping is not an epoch column
