@@ -121,9 +121,9 @@ def padding_owner(users: np.ndarray) -> np.ndarray:
 def pad_for_equal_shards(train_ds: Any, workers: int) -> Any:
     """``train_ds`` plus ``(-rows) % workers`` padding rows, so that Train's equal split drops no real window.
 
-    The padding copies the first window (with :func:`padding_owner`'s id) through the driver's object store: taking
-    one row of the materialized dataset and appending a one-row table starts no Ray task, so nothing waits for the
-    CPUs the trial's workers are about to hold.
+    The padding copies the first window (with :func:`padding_owner`'s id) into a small table that the trial puts in
+    the object store beside the materialized windows: no pass over the windows, so no Ray Data task has to wait for
+    the CPUs the trial's workers are about to hold.
     """
     import pyarrow as pa
     import ray.data

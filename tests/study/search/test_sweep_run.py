@@ -1,5 +1,6 @@
 """Real sweeps on a synthetic file in LastFM's format (no ``../shared`` needed): outputs, multi-objective Optuna,
-a failing trial, and kill -9 + --resume.
+a failing trial, and kill -9 + --resume; and a two-worker data-parallel sweep on ml-100k whose shards are asserted
+(on a generated file with ml-100k's counts where ``../shared`` is absent).
 
 The kill test runs the CLI in a subprocess (its own embedded Ray) and kills the whole process session with SIGKILL
 once a trial has finished; it runs first, before this module's in-process Ray starts, so that the two clusters do
