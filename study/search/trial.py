@@ -107,6 +107,9 @@ def ray_data_batches(iterable: Any, batch_size: int, seed: int, max_len: int,
                      shuffle_rows: int) -> Callable[[int], Iterable[tuple[np.ndarray, np.ndarray]]]:
     """``train_batches(epoch)`` for run_trial: shuffled (user windows, user ids) from a Ray Data shard iterator.
 
+    Ids come as stored: a data-parallel trial's padding rows keep their negative ids, which
+    :class:`study.search.data_parallel.ShardBatches` reads to leave them out.
+
     The local shuffle buffer holds the whole (small) training set, so each epoch is a full shuffle seeded by the
     trial seed and the epoch, done in the trial's process: no Ray tasks, so nothing competes for the CPUs trials
     hold.

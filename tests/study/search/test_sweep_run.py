@@ -1,5 +1,6 @@
 """Real sweeps on a synthetic file in LastFM's format (no ``../shared`` needed): outputs, multi-objective Optuna,
-a failing trial, and kill -9 + --resume.
+a failing trial, and kill -9 + --resume; and a two-worker data-parallel sweep on ml-100k whose shards are asserted
+(on a generated file with ml-100k's counts where ``../shared`` is absent).
 
 The kill test runs the CLI in a subprocess (its own embedded Ray) and kills the whole process session with SIGKILL
 once a trial has finished; it runs first, before this module's in-process Ray starts, so that the two clusters do
@@ -95,11 +96,19 @@ def test_kill_9_then_resume_elsewhere_loses_no_finished_trial(tmp_path: Path, sy
 
 
 @pytest.fixture(scope="module")
-def ray_session():
+def shard_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where this module's data-parallel workers write the windows of each epoch (``$SEQREC_SHARD_LOG``)."""
+    return tmp_path_factory.mktemp("shard-log")
+
+
+@pytest.fixture(scope="module")
+def ray_session(shard_log: Path):
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False,
-             runtime_env={"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}}, log_to_driver=False)
+    from study.search.data_parallel import SHARD_LOG_ENV
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"OMP_WAIT_POLICY": "PASSIVE", SHARD_LOG_ENV: str(shard_log)}})
     yield
     ray.shutdown()
 
@@ -219,29 +228,70 @@ def test_a_one_epoch_quick_run_turns_asha_off_and_runs(tmp_path: Path, data_cach
     assert resolved["searcher"] == {"n_startup_trials": 2, "multivariate": True, "n_ei_candidates": 24}
 
 
-def test_a_data_parallel_trial_runs_on_two_workers(tmp_path: Path, data_cache: Path, ray_session,
-                                                   write_tiny_sweep) -> None:
+@pytest.fixture
+def ml100k_source(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Real ml-100k where ../shared holds it (CI), prepared once per session; elsewhere the generated file with
+    ML-100K's counts, so that the data-parallel sweep runs everywhere."""
+    real = REPO.parent / "shared" / "datasets" / "ml-100k" / "ml-100k.inter"
+    if not real.is_file():
+        monkeypatch.setenv("SEQREC_DATA", str(request.getfixturevalue("data_cache")))
+        return request.getfixturevalue("ml100k_shaped_udata")
+    request.getfixturevalue("ml100k_prepared")
+    monkeypatch.setenv("SEQREC_DATA", str(request.getfixturevalue("prepared_cache")))
+    return real
+
+
+def test_a_two_worker_sweep_on_ml100k_trains_every_window_once_per_epoch_on_disjoint_shards(
+        tmp_path: Path, ray_session, shard_log: Path, ml100k_source: Path) -> None:
+    import numpy as np
+
+    from study.data import prepare
     from study.search.recorder import read_records
     from study.search.runner import run_study
     from study.spec.sweep import load_study
+    from study.train.trainer import TrialData
 
     out = tmp_path / "out"
-    path = write_tiny_sweep(tmp_path / "study.yaml", name="two-workers", storage=out, samples=1)
-    run_study(load_study(path, ["resources.workers_per_trial=2", "checkpoint={every: 1, keep: 1}"]), quiet=True)
+    path = write_study(tmp_path / "study.yaml", f"""
+        name: two-workers
+        model: sasrec
+        dataset: {{name: ml-100k, source: {ml100k_source}}}
+        fixed: {TINY_MODEL}, measure_efficiency: false}}
+        search:
+          lr: {{loguniform: [1.0e-3, 1.0e-2]}}
+        sampler: random
+        budget: {{num_samples: 1, max_epochs: 2}}
+        resources: {{cpu: 1, workers_per_trial: 2}}
+        storage: {out}
+        """)
+    run_study(load_study(path, ["scheduler=none", "checkpoint={every: 1, keep: 1}"]), quiet=True)
 
-    (record,) = read_records(out / "trials").values()
+    ((trial_id, record),) = read_records(out / "trials").items()
     assert record["status"] == "ok" and record["last_report"]["workers"] == 2, record["error"]
-    assert [row["epoch"] for row in record["history"]] == [1]
+    assert [row["epoch"] for row in record["history"]] == [1, 2]
+    windows = TrialData.from_prepared(prepare("ml-100k", source=ml100k_source, max_len=20, progress=False), 20).train
+    trainable = np.flatnonzero((windows[:, :-1] > 0).any(1) & (windows[:, -1] > 0))  # as the trainer keeps them
+    if ml100k_source.suffix == ".inter":
+        assert len(trainable) == 943  # odd: an equal split of the bare windows would drop one of them every epoch
+    for epoch in (1, 2):
+        shards = [np.load(shard_log / trial_id / f"epoch-{epoch}-rank-{rank}.npz") for rank in (0, 1)]
+        first, second = (shard["windows"] for shard in shards)
+        assert len(np.unique(first)) == len(first) and len(np.unique(second)) == len(second)
+        assert np.intersect1d(first, second).size == 0  # disjoint
+        assert np.array_equal(np.sort(np.concatenate([first, second])), trainable)  # covering
+        assert abs(len(first) - len(second)) <= 1
+        assert int(shards[0]["steps"]) == int(shards[1]["steps"]) == math.ceil((len(trainable) + 1) // 2 / 128)
     # rank 0 checkpointed the training state in the trial's Train run (what a restarted trial resumes from) and kept
     # the best model where a one-process trial does; export finds the weights in the checkpoint without that folder
     from study.export import export_model
     from study.train.state import load_state
 
     (checkpoint,) = [path for path in (out / "tune").glob("*/*/checkpoint_*") if path.is_dir()]
-    assert load_state(checkpoint).epoch == 1
+    assert load_state(checkpoint).epoch == 2  # keep: 1, the last epoch's
     assert (out / "models" / record["trial_id"] / "model.pt").is_file()
     shutil.rmtree(out / "models")
-    assert json.loads((export_model(out, tmp_path / "export") / "model.json").read_text())["best_epoch"] == 1
+    assert json.loads((export_model(out, tmp_path / "export") / "model.json").read_text())["best_epoch"] == \
+        record["last_report"]["best_epoch"]
 
 
 def test_a_sweep_trial_gives_the_metrics_of_study_train_for_the_same_seed(tmp_path: Path, data_cache: Path,
