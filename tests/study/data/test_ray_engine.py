@@ -135,3 +135,11 @@ def test_engine_choice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ray_engine.ROWS_ENV, "many")
     with pytest.raises(UserError, match=ray_engine.ROWS_ENV):
         ray_engine.choose_engine("auto", 1)
+
+
+def test_file_order_without_timestamps_and_no_kcore(ray_local, synthetic_lastfm_file: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """An S3Rec file has no timestamps (file order is the order) and its recipe no k-core."""
+    options = {"source": synthetic_lastfm_file, "max_len": 50}
+    assert_same_dataset(_prepare_with("pandas", tmp_path, monkeypatch, "lastfm", **options),
+                        _prepare_with("ray", tmp_path, monkeypatch, "lastfm", **options))
