@@ -14,7 +14,8 @@ Steps:
    breaks ties in time;
 2. distinct ids: each block's distinct users and items, merged on the driver; users are numbered in their
    natural order (as the pandas engine does), items provisionally;
-3. encode: raw ids become integer codes in every block; the result is materialised in the object store;
+3. encode: the source is read a second time and its raw ids become integer codes (28 bytes a row); only this
+   encoded table is materialised in the object store (which spills to disk), never the raw rows;
 4. iterative k-core as distributed aggregations: each round counts, per block, the rows whose user and item are
    both still kept (map side) and sums the counts on the driver (reduce side), then drops every user and item
    with fewer than k; rounds repeat until nothing is dropped, the pandas engine's fixed point exactly;
@@ -166,30 +167,49 @@ def _frame_dataset(frame: pd.DataFrame) -> Any:
     return ray.data.from_pandas(pieces)
 
 
-def _distinct(ds: Any, column: str) -> np.ndarray:
-    """Step 2: the distinct values of ``column``, deduplicated per block and merged on the driver."""
+class _Distinct:
+    """The distinct values of one column, merged as blocks arrive (bounded by the distinct count, not the rows)."""
+
+    def __init__(self) -> None:
+        self.merged: list[np.ndarray] = []
+        self.pending: list[np.ndarray] = []
+        self.size = 0
+
+    def add(self, values: np.ndarray) -> None:
+        self.pending.append(values)
+        self.size += len(values)
+        if self.size > 4_000_000:
+            self.merged, self.pending, self.size = [self.result()], [], 0
+
+    def result(self) -> np.ndarray:
+        parts = self.merged + self.pending
+        return np.asarray(pd.unique(np.concatenate(parts))) if parts else np.empty(0)
+
+
+def _distinct_ids(ds: Any) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """Step 2 in one pass: distinct users and items per block, merged on the driver; rows without a time; rows."""
 
     def per_block(batch: pd.DataFrame) -> pd.DataFrame:
-        return pd.DataFrame({"value": pd.unique(batch[column])})
+        if not len(batch):
+            return pd.DataFrame({"user": batch["user"], "item": batch["item"], "missing": np.zeros(0, np.int64),
+                                 "rows": np.zeros(0, np.int64)})
+        users, items = np.asarray(pd.unique(batch["user"])), np.asarray(pd.unique(batch["item"]))
+        rows = max(len(users), len(items))
+        missing, count = np.zeros(rows, dtype=np.int64), np.zeros(rows, dtype=np.int64)
+        # counts in the first row only: they are summed over all rows on the driver
+        missing[0], count[0] = batch["timestamp"].isna().sum(), len(batch)
+        # users and items padded to one length by repeating them: duplicates vanish in the merge
+        return pd.DataFrame({"user": np.resize(users, rows), "item": np.resize(items, rows), "missing": missing,
+                             "rows": count})
 
-    merged: list[np.ndarray] = []
-    pending: list[np.ndarray] = []
+    users, items, missing, num_rows = _Distinct(), _Distinct(), 0, 0
     for batch in ds.map_batches(per_block, batch_format="pandas", batch_size=None).iter_batches(
             batch_format="pandas", batch_size=None):
-        pending.append(batch["value"].to_numpy())
-        if sum(len(p) for p in pending) > 4_000_000:  # merge as we go: bounded by the distinct count
-            merged = [pd.unique(np.concatenate(merged + pending))]
-            pending = []
-    values = np.concatenate(merged + pending) if merged or pending else np.empty(0)
-    return np.asarray(pd.unique(values))
-
-
-def _missing_times(ds: Any) -> int:
-    def per_block(batch: pd.DataFrame) -> pd.DataFrame:
-        return pd.DataFrame({"missing": [int(batch["timestamp"].isna().sum())]})
-
-    return int(sum(b["missing"].sum() for b in ds.map_batches(per_block, batch_format="pandas", batch_size=None)
-                   .iter_batches(batch_format="pandas", batch_size=None)))
+        users.add(batch["user"].to_numpy())
+        items.add(batch["item"].to_numpy())
+        missing += int(batch["missing"].sum())
+        num_rows += int(batch["rows"].sum())
+    return users.result(), items.result(), missing, num_rows
 
 
 _INDEXES: dict[tuple[str, str], tuple[pd.Index, pd.Index]] = {}  # per worker: the running preparation's lookups
@@ -206,8 +226,8 @@ def _encoder(users_ref: Any, items_ref: Any) -> Callable[[pd.DataFrame], pd.Data
             _INDEXES[key] = pd.Index(ray.get(users_ref)), pd.Index(ray.get(items_ref))
         users, items = _INDEXES[key]
         return pd.DataFrame({
-            "user": users.get_indexer(batch["user"]).astype(np.int64),
-            "item": items.get_indexer(batch["item"]).astype(np.int64),
+            "user": users.get_indexer(batch["user"]).astype(np.int32),
+            "item": items.get_indexer(batch["item"]).astype(np.int32),
             "timestamp": batch["timestamp"].to_numpy(np.float64),
             "shard": batch["shard"].to_numpy(np.int32),
             "row": batch["row"].to_numpy(np.int64),
@@ -327,14 +347,14 @@ def build_on_ray(source: list[Source] | pd.DataFrame, reader: Callable[..., pd.D
     import ray
 
     with _quiet_ray():
+        # The source is read twice (for the distinct ids, then to encode them) rather than kept: only the encoded
+        # rows, 28 bytes each, stay in the object store.
         if isinstance(source, pd.DataFrame):
-            read = _frame_dataset(source).materialize()
+            read = _frame_dataset(source).materialize()  # already in memory: reading it again costs nothing
         else:
-            read = _read_files(source, reader, reader_options).materialize()
-        num_rows = read.count()
-        raw_users, raw_item_values = _distinct(read, "user"), _distinct(read, "item")
+            read = _read_files(source, reader, reader_options)
+        raw_users, raw_item_values, missing, num_rows = _distinct_ids(read)
         raw = Counts(interactions=num_rows, users=len(raw_users), items=len(raw_item_values))
-        missing = _missing_times(read)
         if 0 < missing < num_rows:
             raise UserError(f"{label}: {missing} interactions have no timestamp while others do")
         _, sorted_users = natural_user_codes(raw_users)
