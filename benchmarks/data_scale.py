@@ -12,6 +12,8 @@ whole process tree (the command and, for Ray, the Ray processes it starts):
   Ray worker maps) are counted once in total, so this is the memory the preparation occupies;
 * **RSS**: resident set size summed over the tree; counts shared pages once per process (an upper bound).
 
+A first row, ``ray idle``, measures a Ray that starts and waits 5 s: the floor under the Ray engine's figures.
+
 A run whose tree's PSS goes over ``--max-gb`` is stopped and shown as such: the largest size an engine reaches
 within that budget. Both engines' meta.json statistics are compared where both finish (they must agree).
 """
@@ -126,6 +128,11 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
 
     rows = []
+    if "ray" in engines:
+        # What a started Ray occupies before any data: the floor under the Ray engine's figures
+        idle = [sys.executable, "-c", "import time, ray; ray.init(include_dashboard=False); time.sleep(5)"]
+        result = run_measured(idle, env, int(args.max_gb * 2**30))
+        rows.append((0, None, "ray idle", result, 0.0, "ok" if result["rc"] == 0 else "failed"))
     try:
         for size in sizes:
             shards = workdir / f"shards-{size}"

@@ -27,6 +27,10 @@ final name is always complete (and concurrent trials that prepare the same datas
 A prepared dataset is addressable by name: ``prepare(name)`` without a source reuses the prepared copy of that
 recipe (or re-reads its recorded source for another k-core), so an offline user gives ``--source`` once. A source
 given for a downloadable recipe is kept in the cache (``<cache>/sources/``) like a download.
+
+Steps 1-6 run in one process with pandas (:mod:`study.data.sequences`), or with Ray Data for sources larger than
+one process should hold (:mod:`study.data.ray_engine`); both write the same dataset, so the engine is not part of
+its identity.
 """
 
 from __future__ import annotations
