@@ -105,6 +105,15 @@ def run_measured(command: list[str], env: dict[str, str], limit_bytes: int) -> d
             "rc": process.returncode, "stdout": out, "stderr": err}
 
 
+def run_retried(command: list[str], env: dict[str, str], limit_bytes: int, tries: int = 4) -> dict:
+    """:func:`run_measured`, again when Ray did not start: it gives its raylet 30 s, which a loaded machine misses."""
+    for _ in range(tries):
+        result = run_measured(command, env, limit_bytes)
+        if result["rc"] == 0 or "timed out during startup" not in result["stderr"]:
+            break
+    return result
+
+
 def _stats(cache: Path) -> dict:
     (folder,) = [p for p in (cache / "prepared").iterdir() if not p.name.startswith(".")]
     meta = json.loads((folder / "meta.json").read_text())
@@ -131,8 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     if "ray" in engines:
         # What a started Ray occupies before any data: the floor under the Ray engine's figures
         idle = [sys.executable, "-c", "import time, ray; ray.init(include_dashboard=False); time.sleep(5)"]
-        result = run_measured(idle, env, int(args.max_gb * 2**30))
-        rows.append((0, None, "ray idle", result, 0.0, "ok" if result["rc"] == 0 else "failed"))
+        result = run_retried(idle, env, int(args.max_gb * 2**30))
+        status = "ok" if result["rc"] == 0 else f"failed: {result['stderr'].strip().splitlines()[-1:]}"
+        rows.append((0, None, "ray idle", result, 0.0, status))
     try:
         for size in sizes:
             shards = workdir / f"shards-{size}"
@@ -146,11 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                 cache = workdir / f"cache-{size}-{engine}"
                 command = [sys.executable, "-m", "study.data", "prepare", "parquet", "--source", str(shards),
                            "--engine", engine, "--force", "--quiet", "--max-len", "50"]
-                result = run_measured(command, {**env, "SEQREC_DATA": str(cache)}, int(args.max_gb * 2**30))
-                for _ in range(3):  # Ray gives its raylet 30 s to start, which a loaded machine can miss
-                    if result["rc"] == 0 or "timed out during startup" not in result["stderr"]:
-                        break
-                    result = run_measured(command, {**env, "SEQREC_DATA": str(cache)}, int(args.max_gb * 2**30))
+                result = run_retried(command, {**env, "SEQREC_DATA": str(cache)}, int(args.max_gb * 2**30))
                 if result["over"]:
                     status = f"stopped over {args.max_gb:g} GB"
                 elif result["rc"] != 0:
@@ -174,11 +180,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
 
-    print(f"{'target':>8} {'interactions':>13} {'engine':<7} {'prepare s':>9} {'peak PSS GB':>11} "
+    print(f"{'target':>8} {'interactions':>13} {'engine':<8} {'prepare s':>9} {'peak PSS GB':>11} "
           f"{'peak RSS GB':>11} {'gen s':>6}  status")
     for size, interactions, engine, result, generated, status in rows:
         count = f"{interactions:,}" if interactions else "-"
-        print(f"{size / 1e6:>7g}M {count:>13} {engine:<7} {result['seconds']:>9.1f} {result['pss'] / 2**30:>11.2f} "
+        target = f"{size / 1e6:g}M" if size else "-"
+        print(f"{target:>8} {count:>13} {engine:<8} {result['seconds']:>9.1f} {result['pss'] / 2**30:>11.2f} "
               f"{result['rss'] / 2**30:>11.2f} {generated:>6.1f}  {status}")
     return 0
 
