@@ -133,7 +133,7 @@ def _quiet_ray() -> Iterator[None]:
         for key, value in settings.items():
             setattr(context, key, value)
         if started:
-            ray.init(include_dashboard=False, log_to_driver=False, logging_level="WARNING",
+            ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR",
                      runtime_env={"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}})
         yield
     finally:
