@@ -2,7 +2,8 @@
 
 Public API::
 
-    prepare(name, *, source=None, max_len=200, kcore=None, force=False, progress=True, **options) -> Path
+    prepare(name, *, source=None, max_len=200, kcore=None, force=False, progress=True, engine="auto",
+            **options) -> Path
     load_prepared(path) -> PreparedDataset
     item_popularity(ds, split="train") -> np.ndarray
     raw_items(path) -> np.ndarray  (the source's item id of each model item id)
@@ -16,7 +17,9 @@ or ``~/.cache/seqrec-study``):
 * ``sequences.parquet``: one row per user sorted by ``user`` (int64, 0..U-1) with ``raw_user`` (string),
   ``items`` (list<int32>, the full chronological sequence; item ids 1..num_items, 0 = padding) and
   ``train``/``valid``/``test`` (fixed_size_list<int32>[max_len + 1], left-padded with 0): the last max_len + 1
-  items of ``items[:-2]``, ``items[:-1]`` and ``items``;
+  items of ``items[:-2]``, ``items[:-1]`` and ``items``. The Ray engine (``engine="ray"``) writes the same table
+  as a folder ``sequences.parquet/part-NNNNN.parquet`` of contiguous user ranges in user order, which
+  ``pq.read_table(dir / "sequences.parquet")`` reads as one table;
 * ``items.parquet``: ``item`` (int64, 1..num_items) and ``raw_item`` (string, the id in the source file), read by
   ``raw_items(path)``. Directories prepared before this file existed lack it (same format version: their
   windows are unchanged); ``prepare NAME --force`` adds it.

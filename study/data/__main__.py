@@ -13,6 +13,7 @@ from pathlib import Path
 
 from study.data.cache import FORMAT_VERSION, cache_dir, list_prepared
 from study.data.pipeline import prepare
+from study.data.ray_engine import DEFAULT_RAY_ROWS, ENGINES, ROWS_ENV
 from study.data.recipes import DEFAULT_RECIPE, RECIPES
 from study.errors import UserError
 
@@ -58,6 +59,13 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         metavar="KEY=VALUE",
         help="other recipe option, e.g. --param max_length=4096 --param markov=0.7 (repeatable)",
+    )
+    prep.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="auto",
+        help="pandas (one process), ray (Ray Data: local Ray, or the cluster at $RAY_ADDRESS) or auto (default): "
+        f"ray above ${ROWS_ENV} source interactions (default {DEFAULT_RAY_ROWS:,}); both give the same dataset",
     )
     prep.add_argument("--force", action="store_true", help="rebuild even if the prepared copy exists")
     prep.add_argument("--quiet", action="store_true", help="no progress output")
@@ -107,6 +115,7 @@ def _cmd_prepare(args: argparse.Namespace) -> None:
         kcore=args.kcore,
         force=args.force,
         progress=not args.quiet,
+        engine=args.engine,
         **options,
     )
     print(_stats_table(path))

@@ -19,6 +19,8 @@ is one gather over all users): 1,000 users x 4,096 steps take about a second on 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -113,16 +115,16 @@ class _ClusterSampler:
         return self.perm[pos]
 
 
-def generate(params: dict[str, int | float]) -> pd.DataFrame:
-    """Generate interactions for resolved ``params`` (see :func:`resolve_params`).
+@dataclass
+class _ItemModel:
+    """The items' side of the generative story: popularity, clusters and transition lists."""
 
-    Returns the reader frame (``user``, ``item``, ``timestamp``): raw item ids are 1..items and the
-    timestamps are the positions in each user's sequence. Items that nobody draws simply do not appear.
-    """
-    rng = np.random.default_rng(int(params["seed"]))
-    num_users, num_items = int(params["users"]), int(params["items"])
-    num_clusters, num_succ = int(params["clusters"]), int(params["successors"])
+    sample: _ClusterSampler
+    successors: np.ndarray  # (items, successors)
 
+
+def _item_model(rng: np.random.Generator, params: dict[str, int | float]) -> _ItemModel:
+    num_items, num_clusters, num_succ = int(params["items"]), int(params["clusters"]), int(params["successors"])
     # Items: Zipf popularity over a random ranking, and a balanced random cluster assignment.
     rank = rng.permutation(num_items) + 1
     popularity = rank.astype(np.float64) ** -float(params["zipf"])
@@ -130,8 +132,13 @@ def generate(params: dict[str, int | float]) -> pd.DataFrame:
     cluster_of = rng.permutation(np.arange(num_items) % num_clusters)
     sample = _ClusterSampler(cluster_of, popularity, num_clusters)
     successors = sample(np.repeat(cluster_of, num_succ), rng.random(num_items * num_succ))
-    successors = successors.reshape(num_items, num_succ)
+    return _ItemModel(sample, successors.reshape(num_items, num_succ))
 
+
+def _user_sequences(rng: np.random.Generator, params: dict[str, int | float], model: _ItemModel, num_users: int,
+                    first_user: int = 0) -> pd.DataFrame:
+    """The users' side: ``num_users`` sequences (raw user ids from ``first_user``) as a reader frame."""
+    num_clusters, num_succ = int(params["clusters"]), int(params["successors"])
     # Users: a sparse mixture over clusters and a log-normal length.
     mixture = rng.dirichlet(np.full(num_clusters, float(params["concentration"])), size=num_users)
     sigma = float(params["length_sigma"])
@@ -149,22 +156,52 @@ def generate(params: dict[str, int | float]) -> pd.DataFrame:
     u = rng.random((steps, num_users)) + offsets[None, :]
     cluster = np.searchsorted(flat_cdf, u.ravel(), side="right").reshape(steps, num_users)
     cluster = np.minimum(cluster - np.arange(num_users)[None, :] * num_clusters, num_clusters - 1)
-    fresh = sample(cluster.ravel(), rng.random(steps * num_users)).reshape(steps, num_users)
+    fresh = model.sample(cluster.ravel(), rng.random(steps * num_users)).reshape(steps, num_users)
 
     # Markov steps: follow a random successor of the previous item; time-major so each step is contiguous.
     follow = rng.random((steps, num_users)) < float(params["markov"])
     pick = rng.integers(num_succ, size=(steps, num_users))
     seq = fresh
     for t in range(1, steps):
-        chained = successors[seq[t - 1], pick[t]]
+        chained = model.successors[seq[t - 1], pick[t]]
         seq[t] = np.where(follow[t], chained, seq[t])
 
     seq = seq.T  # (users, steps)
     keep = np.arange(steps)[None, :] < lengths[:, None]
-    users = np.repeat(np.arange(num_users, dtype=np.int64), lengths)
+    users = np.repeat(np.arange(first_user, first_user + num_users, dtype=np.int64), lengths)
     items = seq[keep].astype(np.int64) + 1
     positions = np.broadcast_to(np.arange(steps, dtype=np.float64), (num_users, steps))[keep]
     return pd.DataFrame({"user": users, "item": items, "timestamp": positions})
+
+
+def generate(params: dict[str, int | float]) -> pd.DataFrame:
+    """Generate interactions for resolved ``params`` (see :func:`resolve_params`).
+
+    Returns the reader frame (``user``, ``item``, ``timestamp``): raw item ids are 1..items and the
+    timestamps are the positions in each user's sequence. Items that nobody draws simply do not appear.
+    """
+    rng = np.random.default_rng(int(params["seed"]))
+    model = _item_model(rng, params)
+    return _user_sequences(rng, params, model, int(params["users"]))
+
+
+def write_shards(params: dict[str, int | float], folder: Path, users_per_shard: int = 20_000) -> list[Path]:
+    """Generate a large dataset as Parquet shards ``folder/shard-NNNNN.parquet`` (for the ``parquet`` recipe).
+
+    One item model for all shards; each shard's users come from their own seeded stream, so memory is bounded by
+    one shard (``users_per_shard`` x the longest sequence) whatever the total size, and a shard does not depend
+    on the others. Not the same interactions as :func:`generate` with the same parameters.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    model = _item_model(np.random.default_rng(int(params["seed"])), params)
+    written = []
+    for shard, first in enumerate(range(0, int(params["users"]), users_per_shard)):
+        count = min(users_per_shard, int(params["users"]) - first)
+        rng = np.random.default_rng([int(params["seed"]), shard + 1])
+        path = folder / f"shard-{shard:05d}.parquet"
+        _user_sequences(rng, params, model, count, first_user=first).to_parquet(path, index=False)
+        written.append(path)
+    return written
 
 
 def fingerprint(frame: pd.DataFrame) -> str:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from study.data import load_prepared, prepare
-from study.data.synthetic import generate, resolve_params
+from study.data.synthetic import generate, resolve_params, write_shards
 from study.errors import UserError
 
 
@@ -88,3 +88,18 @@ def test_bad_parameters() -> None:
         resolve_params({"items": 10, "clusters": 50})
     with pytest.raises(UserError, match="takes no --source"):
         prepare("synthetic", source="x", progress=False)
+
+
+def test_write_shards_is_a_deterministic_sharded_parquet_source(data_cache: Path, tmp_path: Path) -> None:
+    import pandas as pd
+
+    params = resolve_params({"users": 250, "items": 400, "length": 10, "seed": 5})
+    first = write_shards(params, tmp_path / "a", users_per_shard=100)
+    again = write_shards(params, tmp_path / "b", users_per_shard=100)
+    assert [p.name for p in first] == ["shard-00000.parquet", "shard-00001.parquet", "shard-00002.parquet"]
+    assert [p.read_bytes() for p in first] == [p.read_bytes() for p in again]
+    frame = pd.concat([pd.read_parquet(p) for p in first], ignore_index=True)
+    assert sorted(frame["user"].unique()) == list(range(250)) and frame["item"].between(1, 400).all()
+    meta = load_prepared(prepare("parquet", source=tmp_path / "a", kcore=0, max_len=5, progress=False)).meta
+    assert meta["source"]["shards"] == 3 and meta["raw"] == {"interactions": len(frame), "users": 250,
+                                                              "items": frame["item"].nunique()}

@@ -1,0 +1,194 @@
+"""Preparation time and peak memory of the pandas and the Ray engine as the dataset grows.
+
+    python -m benchmarks.data_scale [--sizes 1M,10M] [--engines pandas,ray] [--length 50] [--max-gb 8]
+
+For each size, the synthetic generator writes that many interactions (about: lengths are random) as Parquet shards
+(:func:`study.data.synthetic.write_shards`, not timed), and each engine prepares them with the ``parquet``
+recipe in a fresh process (``python -m study.data prepare parquet --source SHARDS --engine E --force``) and its own
+data cache. The table gives the wall time of that process and its peak memory, sampled every 0.2 s over the
+whole process tree (the command and, for Ray, the Ray processes it starts):
+
+* **PSS**: proportional set size summed over the tree; shared pages (Ray's object store, the libraries every
+  Ray worker maps) are counted once in total, so this is the memory the preparation occupies;
+* **RSS**: resident set size summed over the tree; counts shared pages once per process (an upper bound).
+
+A first row, ``ray idle``, measures a Ray that starts and waits 5 s: the floor under the Ray engine's figures.
+
+A run whose tree's PSS goes over ``--max-gb`` is stopped and shown as such: the largest size an engine reaches
+within that budget. Both engines' meta.json statistics are compared where both finish (they must agree).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from study.data import synthetic  # noqa: E402
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def parse_size(text: str) -> int:
+    """``1M`` -> 1_000_000, ``500k`` -> 500_000, ``2e6`` -> 2_000_000."""
+    text = text.strip().lower()
+    scale = {"k": 1_000, "m": 1_000_000, "g": 1_000_000_000}.get(text[-1:], 1)
+    return int(float(text[:-1] if scale > 1 else text) * scale)
+
+
+def _tree(root: int) -> list[int]:
+    """``root`` and every process descended from it."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def _memory(pids: list[int]) -> tuple[int, int]:
+    """Summed (PSS, RSS) in bytes of ``pids`` (processes that ended meanwhile count 0)."""
+    pss = rss = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as fh:
+                for line in fh:
+                    if line.startswith("Pss:"):
+                        pss += int(line.split()[1]) * 1024
+                    elif line.startswith("Rss:"):
+                        rss += int(line.split()[1]) * 1024
+        except OSError:
+            continue
+    return pss, rss
+
+
+def run_measured(command: list[str], env: dict[str, str], limit_bytes: int) -> dict:
+    """Run ``command``; its wall time, peak tree PSS and RSS, and whether it finished under the memory limit."""
+    started = time.perf_counter()
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak_pss = peak_rss = 0
+    over = False
+    while process.poll() is None:
+        pids = _tree(process.pid)
+        pss, rss = _memory(pids)
+        peak_pss, peak_rss = max(peak_pss, pss), max(peak_rss, rss)
+        if pss > limit_bytes:
+            over = True
+            for pid in reversed(pids):  # only the processes this run started
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            break
+        time.sleep(0.2)
+    out, err = process.communicate()
+    return {"seconds": time.perf_counter() - started, "pss": peak_pss, "rss": peak_rss, "over": over,
+            "rc": process.returncode, "stdout": out, "stderr": err}
+
+
+def run_retried(command: list[str], env: dict[str, str], limit_bytes: int, tries: int = 4) -> dict:
+    """:func:`run_measured`, again when Ray did not start: it gives its raylet 30 s, which a loaded machine misses."""
+    for _ in range(tries):
+        result = run_measured(command, env, limit_bytes)
+        if result["rc"] == 0 or "timed out during startup" not in result["stderr"]:
+            break
+    return result
+
+
+def _stats(cache: Path) -> dict:
+    (folder,) = [p for p in (cache / "prepared").iterdir() if not p.name.startswith(".")]
+    meta = json.loads((folder / "meta.json").read_text())
+    for key in ("created",):
+        meta.pop(key)
+    return meta
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.data_scale", description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="1M,10M", help="interactions per dataset, comma-separated (1M,10M,50M)")
+    parser.add_argument("--engines", default="pandas,ray", help="engines to measure (pandas,ray)")
+    parser.add_argument("--length", type=int, default=50, help="mean sequence length (users = size / length)")
+    parser.add_argument("--items-per", type=int, default=200, help="interactions per item (items = size / this)")
+    parser.add_argument("--max-gb", type=float, default=8.0, help="stop a run whose process tree's PSS exceeds this")
+    parser.add_argument("--workdir", type=Path, help="where shards and caches go (default: a temporary folder)")
+    args = parser.parse_args(argv)
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    engines = [e.strip() for e in args.engines.split(",")]
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="data-scale-"))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+
+    rows = []
+    if "ray" in engines:
+        # What a started Ray occupies before any data: the floor under the Ray engine's figures
+        idle = [sys.executable, "-c", "import time, ray; ray.init(include_dashboard=False); time.sleep(5)"]
+        result = run_retried(idle, env, int(args.max_gb * 2**30))
+        status = "ok" if result["rc"] == 0 else f"failed: {result['stderr'].strip().splitlines()[-1:]}"
+        rows.append((0, None, "ray idle", result, 0.0, status))
+    try:
+        for size in sizes:
+            shards = workdir / f"shards-{size}"
+            params = synthetic.resolve_params({"users": max(1, size // args.length), "length": args.length,
+                                               "items": max(2000, size // args.items_per), "seed": 0})
+            began = time.perf_counter()
+            synthetic.write_shards(params, shards)
+            generated = time.perf_counter() - began
+            metas = {}
+            for engine in engines:
+                cache = workdir / f"cache-{size}-{engine}"
+                command = [sys.executable, "-m", "study.data", "prepare", "parquet", "--source", str(shards),
+                           "--engine", engine, "--force", "--quiet", "--max-len", "50"]
+                result = run_retried(command, {**env, "SEQREC_DATA": str(cache)}, int(args.max_gb * 2**30))
+                if result["over"]:
+                    status = f"stopped over {args.max_gb:g} GB"
+                elif result["rc"] != 0:
+                    status = f"failed: {result['stderr'].strip().splitlines()[-1:]}"
+                else:
+                    metas[engine] = _stats(cache)
+                    status = "ok"
+                interactions = metas.get(engine, {}).get("raw", {}).get("interactions")
+                rows.append((size, interactions, engine, result, generated, status))
+                shutil.rmtree(cache, ignore_errors=True)
+                print(f"{size:>12,} {engine:<7} {result['seconds']:8.1f} s  PSS {result['pss'] / 2**30:6.2f} GB  "
+                      f"RSS {result['rss'] / 2**30:6.2f} GB  {status}", file=sys.stderr, flush=True)
+            if len(metas) == 2:
+                first, second = metas.values()
+                agree = first == second
+                print(f"{size:>12,} engines agree on meta.json: {agree}", file=sys.stderr, flush=True)
+                if not agree:
+                    return 1
+            shutil.rmtree(shards, ignore_errors=True)
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    print(f"{'target':>8} {'interactions':>13} {'engine':<8} {'prepare s':>9} {'peak PSS GB':>11} "
+          f"{'peak RSS GB':>11} {'gen s':>6}  status")
+    for size, interactions, engine, result, generated, status in rows:
+        count = f"{interactions:,}" if interactions else "-"
+        target = f"{size / 1e6:g}M" if size else "-"
+        print(f"{target:>8} {count:>13} {engine:<8} {result['seconds']:>9.1f} {result['pss'] / 2**30:>11.2f} "
+              f"{result['rss'] / 2**30:>11.2f} {generated:>6.1f}  {status}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
