@@ -94,7 +94,7 @@ class Document:
                  "pre{background:#f6f6f6;padding:0.8em;overflow-x:auto;font-size:0.85em}"
                  ".warning{background:#fff3cd;border:2px solid #d39e00;padding:0.8em;font-weight:bold}"
                  "img{max-width:100%}figure{margin:1em 0}figcaption{font-size:0.85em;color:#555}"
-                 "p,li,figcaption{overflow-wrap:anywhere}")  # long paths and code spans break instead of overflowing
+                 "h1,h2,h3,p,li,figcaption{overflow-wrap:anywhere}")  # long names, paths, code spans break
         return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
                 f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
 
