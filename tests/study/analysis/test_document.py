@@ -23,7 +23,7 @@ from study import replicate as replicate_cli
 from study import report as report_cli
 from study.analysis import figures
 from study.analysis.document import default_out, low_power_note
-from study.analysis.render import TABLE_BOX_CLASS
+from study.analysis.render import TABLE_BOX_CLASS, WRAP_CLASS
 from study.analysis.significance import POWERED_SEEDS, compare, minimum_detectable_effect
 from study.analysis.tables import fmt, plain_value, results_table
 
@@ -196,6 +196,10 @@ def test_tables_scroll_inside_the_page_and_images_fit_it(report: dict[str, Any])
     assert {"max-width:100%", "overflow-x:auto"} <= set(layout.rule(f".{TABLE_BOX_CLASS}").split(";"))
     assert set(layout.parents["img"]) == {("figure", "")}
     assert "max-width:100%" in layout.rule("img").split(";")
+    # names, numbers and dates keep to one line; long text (the fronts' name lists) wraps at its spaces
+    assert "white-space:nowrap" in layout.rule("th,td").split(";")
+    assert "white-space:normal" in layout.rule(f"td.{WRAP_CLASS}").split(";")
+    assert f'<td class="{WRAP_CLASS}">gru4rec-1, gru4rec-2' in report["html"]
     # text that could be wider than the page (long names, paths) breaks instead of overflowing
     assert "overflow-wrap:anywhere" in layout.rule("h1,h2,h3,p,li,figcaption")
 
