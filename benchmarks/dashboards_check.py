@@ -115,9 +115,10 @@ async def browse(urls: dict[str, str], token: str, study_id: int | None, folder:
         # a fresh load: a change of the #fragment alone would keep the page, and its dialog, as they are
         await browser.open("about:blank")
         await browser.open(f"{ray_url}/#/actors")
-        shown = await browser.wait_for(f"!{has_dialog} && /total x\\s*[1-9]/i.test(document.body.innerText)", 60)
-        check(shown, "with the ray-authentication-token cookie Ray's dashboard opens past the token dialog, and "
-                     "its Actors page lists the trials' actors")
+        shown = await browser.wait_for(f"!{has_dialog} && document.querySelectorAll('tbody tr').length > 0", 60)
+        if not check(shown, "with the ray-authentication-token cookie Ray's dashboard opens past the token dialog, "
+                            "and its Actors page lists the trials' actors"):
+            print(f"     the page reads: {' '.join((await browser.evaluate('document.body.innerText')).split())[:300]}")
         # Ray lists a trial's actor before it has started it; the picture shows them running when the sweep's
         # pace allows (no check)
         await browser.wait_for("document.body.innerText.includes('ALIVE')", 60)

@@ -99,14 +99,17 @@ def overlong_numbers(texts: list[str], max_digits: int = MAX_DIGITS) -> list[str
 
 def make_report(root: Path) -> Path:
     """Two tiny synthetic studies, two replicate seeds each, and their report; returns the report folder."""
+    from study.cluster import LOCAL, choose_auth_mode
+
+    choose_auth_mode(LOCAL)  # before Ray is imported, as the commands do: Ray then starts without a warning
     import ray
 
     from study import replicate, report, sweep
-    from study.cluster import WORKER_ENV
+    from study.cluster import start_ray
 
     os.environ["SEQREC_DATA"] = str(root / "cache")  # never the user's cache
     folders = []
-    ray.init(address="local", num_cpus=2, include_dashboard=False, runtime_env={"env_vars": WORKER_ENV})
+    start_ray(LOCAL, num_cpus=2, quiet=True)  # one Ray for both studies and their replicates
     try:
         for model in ("sasrec", "gru4rec"):
             folder = root / "results" / f"synthetic-{model}"
