@@ -12,6 +12,8 @@ from typing import Any
 import pandas as pd
 
 TABLE_BOX_CLASS = "table-box"
+WRAP_CLASS = "wrap"
+WRAP_OVER = 40  # characters of a table cell's text from which it wraps instead of widening its column
 
 
 class Document:
@@ -74,7 +76,7 @@ class Document:
                 body.append("<ul>" + "".join(f"<li>{_inline(i)}</li>" for i in value) + "</ul>")
             elif kind == "table":
                 head = "".join(f"<th>{_inline(str(c))}</th>" for c in value.columns)
-                rows = "".join("<tr>" + "".join(f"<td>{_inline(str(v))}</td>" for v in row) + "</tr>"
+                rows = "".join("<tr>" + "".join(_cell(str(v)) for v in row) + "</tr>"
                                for row in value.itertuples(index=False))
                 # a table wider than the page scrolls inside its own box instead of widening the page
                 body.append(f'<div class="{TABLE_BOX_CLASS}"><table><thead><tr>{head}</tr></thead>'
@@ -89,14 +91,24 @@ class Document:
         style = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
                  f".{TABLE_BOX_CLASS}{{max-width:100%;overflow-x:auto;margin:1em 0}}"
                  "table{border-collapse:collapse;font-size:0.9em}"
-                 "th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}"
+                 # a name, a number or a date stays on one line (a browser would break sasrec-1 at its hyphen);
+                 # only long text (lists, notes) wraps, at its spaces
+                 "th,td{border:1px solid #ccc;padding:3px 8px;text-align:right;white-space:nowrap}"
+                 f"td.{WRAP_CLASS}{{white-space:normal;min-width:16em}}th{{background:#f3f3f3}}"
                  "td:first-child,th:first-child{text-align:left}"
                  "pre{background:#f6f6f6;padding:0.8em;overflow-x:auto;font-size:0.85em}"
                  ".warning{background:#fff3cd;border:2px solid #d39e00;padding:0.8em;font-weight:bold}"
                  "img{max-width:100%}figure{margin:1em 0}figcaption{font-size:0.85em;color:#555}"
-                 "p,li,figcaption{overflow-wrap:anywhere}")  # long paths and code spans break instead of overflowing
+                 "h1,h2,h3,p,li,figcaption{overflow-wrap:anywhere}")  # long names, paths, code spans break
         return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
                 f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+
+
+def _cell(text: str) -> str:
+    """A table cell; long text gets the class that lets it wrap."""
+    if len(text) > WRAP_OVER and " " in text:
+        return f'<td class="{WRAP_CLASS}">{_inline(text)}</td>'
+    return f"<td>{_inline(text)}</td>"
 
 
 def _inline(text: str) -> str:
