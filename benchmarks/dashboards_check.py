@@ -148,10 +148,11 @@ def main() -> int:
                    "--set", f"storage={tmp}/results", "--set", "budget.num_samples=4", "--set", "budget.max_epochs=2",
                    "--set", "fixed.measure_efficiency=false"]
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_WAIT_POLICY": "PASSIVE"}
-        sweep = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        # the URL lines come on stdout with the sweep's other notes (stderr would carry only what went wrong)
+        sweep = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  text=True)
         lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=lambda: [lines.put(line) for line in sweep.stderr], daemon=True).start()
+        threading.Thread(target=lambda: [lines.put(line) for line in sweep.stdout], daemon=True).start()
         urls: dict[str, str] = {}
         while len(urls) < 2 and time.monotonic() < deadline and sweep.poll() is None:
             try:

@@ -1,7 +1,8 @@
 """The one ``main()`` pattern of the commands that start Ray (``study.sweep``, ``study.replicate``, ``study.scaling``).
 
 1. One line at once saying what is being prepared (before torch, the dataset and Ray, which take seconds on a
-   busy machine); a dry run prints its plan alone, so it gets none.
+   busy machine); a dry run prints its plan alone, so it gets none. Every note of a normal run goes to stdout:
+   stderr carries only errors and the Ctrl-C hint, so an empty stderr means a clean run.
 2. Ray's authentication mode for the address (:func:`study.cluster.choose_auth_mode`).
 3. The command's body. Bad input (:class:`~study.errors.UserError`, a model's ``ConfigError``) becomes one
    ``error:`` line per problem and exit code 2; Ctrl-C becomes one line saying how to continue and exit code 130.
@@ -23,11 +24,11 @@ EXIT_INTERRUPTED = 130
 def run_command(body: Callable[[], int], *, address: str, first_line: str | None, interrupted: str) -> int:
     """Run a Ray command's ``body`` under the pattern above; returns the exit code.
 
-    ``first_line`` is printed on stderr before anything heavy is imported (None: print nothing, for dry runs);
+    ``first_line`` is printed on stdout before anything heavy is imported (None: print nothing, for dry runs);
     ``interrupted`` is what the user can do after Ctrl-C (e.g. the ``--resume`` command).
     """
     if first_line is not None:
-        print(first_line, file=sys.stderr, flush=True)
+        print(first_line, flush=True)
     choose_auth_mode(address)
     from models import ConfigError  # imports torch: only after the first line is out
 

@@ -156,13 +156,13 @@ def _print_dashboard(context: Any, address: str) -> None:
 
     url = getattr(context, "dashboard_url", None)
     if not url:
-        print("Ray dashboard: not running (it needs ray[default])", file=sys.stderr)
+        print("Ray dashboard: not running (it needs ray[default])")
         return
     # Ray sets RAY_AUTH_MODE=token in this process when it found the cluster's token
-    print(ray_dashboard_line(url, os.environ.get("RAY_AUTH_MODE", "").lower() == "token"), file=sys.stderr)
+    print(ray_dashboard_line(url, os.environ.get("RAY_AUTH_MODE", "").lower() == "token"), flush=True)
     if is_remote(address) and not url.startswith(("127.0.0.1", "localhost")):
         print("  it listens beyond loopback: reach it through `ssh -L 8265:localhost:8265 HEAD` or `kubectl "
-              "port-forward`, never expose it publicly (it runs code for whoever reaches it)", file=sys.stderr)
+              "port-forward`, never expose it publicly (it runs code for whoever reaches it)")
 
 
 def check_fits(cpu: float, gpu: float, workers: int = 1, what: str = "trial") -> int:

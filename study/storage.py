@@ -83,7 +83,7 @@ def local_copy(path_or_uri: str | Path) -> Path:
     fetched = mirror.pull(overwrite=True)
     if not fetched and not mirror.remote_files():
         raise UserError(f"nothing under {uri}")
-    print(f"{uri}: {fetched} file(s) fetched into {os.path.relpath(local)}", file=sys.stderr)
+    print(f"{uri}: {fetched} file(s) fetched into {os.path.relpath(local)}")
     return local
 
 

@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         # a joined cluster may have more CPUs/GPUs than this machine: only check the machine for an embedded Ray
         study = load_study(args.study, args.overrides, check_machine=args.address == "local")
         if study.adaptation:  # a shortened budget runs: say once what it changed (study.yaml records it too)
-            print(f"adapted to the budget: {study.adaptation}", file=sys.stderr)
+            # (a dry run's stdout is the study file alone: the note goes beside its verdict)
+            print(f"adapted to the budget: {study.adaptation}", file=sys.stderr if args.dry_run else sys.stdout)
         if args.dry_run:
             checked = "every" if study.exhaustive_check else "one key at a time over"
             return print_dry_run(study, f"checked {checked} {study.checked_points} search combination(s) against "

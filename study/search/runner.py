@@ -24,7 +24,6 @@ import json
 import logging
 import math
 import os
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -224,14 +223,14 @@ def run_study(study: Study, *, resume: bool = False, dashboard: bool = False, ad
         if resume:
             fetched = mirror.pull()
             if fetched:
-                print(f"fetched {fetched} file(s) of the study from {mirror.uri}", file=sys.stderr)
+                print(f"fetched {fetched} file(s) of the study from {mirror.uri}")
         elif mirror.holds(STUDY_FILE):
             raise UserError(f"{mirror.uri} already holds study '{study.name}'; pass --resume to continue it, or "
                             "choose another name or storage to start a new one")
     _check_resume(study, out, resume)
     path, base_data = _prepare_data(study)  # before Ray: a missing dataset fails fast, with the recipe's advice
     if not quiet and points is None:
-        print(announce_cost(study, base_data), file=sys.stderr, flush=True)
+        print(announce_cost(study, base_data), flush=True)
     if is_client(address):
         if not mirror.uri:
             raise UserError(f"with --address {address} the study is driven from the cluster's head node, which "
@@ -317,10 +316,13 @@ def _drive(study: Study, out: Path, mirror: Mirror, base_data: TrialData, train_
         )
     board = OptunaDashboard(storage_url).start() if dashboard and points is None else None
     if board is not None:
-        print(board.line(), file=sys.stderr, flush=True)
+        print(board.line(), flush=True)
     fit_started = time.time()
     try:
-        tuner.fit()
+        with TuneMessages() as tune_messages:
+            tuner.fit()
+        if tune_messages.interrupted:  # Tune caught the Ctrl-C, saved its state and returned as if the study ended
+            raise KeyboardInterrupt
     except BaseException:  # Ctrl-C or a crash: what finished goes to storage, for a --resume anywhere
         with contextlib.suppress(Exception):
             mirror.push(force=True)
@@ -337,6 +339,43 @@ def _drive(study: Study, out: Path, mirror: Mirror, base_data: TrialData, train_
     write_tables(out, _row_context(study, base_data.meta), records)
     mirror.push(force=True)
     return {"fit_wall_s": fit_wall, "fit_started_at": fit_started, "meta": base_data.meta}
+
+
+class TuneMessages(logging.Filter):
+    """Keeps Tune's messages about failed and interrupted runs off the console, noticing the interruption.
+
+    * A failed trial: Tune logs its whole traceback, then "Trials did not complete". The sweep's own records say
+      which trial failed and why (``trials/<id>.json``, the summary's failure lines), and the traceback stays in
+      the trial's ``error.txt`` under ``tune/``.
+    * Ctrl-C: Tune stops the trials, saves the experiment state and returns from ``fit()`` normally, after two
+      warnings (one naming ``Tuner.restore``, which is not how this platform resumes). ``interrupted`` records it,
+      and the sweep then ends the way any Ctrl-C ends a command (:func:`study.cli.run_command`): one line naming
+      ``--resume``, exit code 130.
+    """
+
+    INTERRUPTED = ("Stop signal received", "Experiment has been interrupted", "Training has been interrupted")
+    FAILED = ("Trial task failed for trial", "Trials did not complete")
+    LOGGERS = ("ray.tune.tune", "ray.tune.execution.tune_controller")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.interrupted = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = str(record.msg)
+        if message.startswith(self.INTERRUPTED):
+            self.interrupted = True
+            return False
+        return not message.startswith(self.FAILED)
+
+    def __enter__(self) -> TuneMessages:
+        for name in self.LOGGERS:
+            logging.getLogger(name).addFilter(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for name in self.LOGGERS:
+            logging.getLogger(name).removeFilter(self)
 
 
 def _relocate(tuner: Any, out: Path, mirror: Mirror, storage_url: str) -> None:
@@ -410,7 +449,7 @@ def _run_on_head(study: Study, mirror: Mirror, out: Path, base_data: TrialData, 
         if started_ray:
             ray.shutdown()
     fetched = mirror.pull(overwrite=True)
-    print(f"fetched {fetched} file(s) of the study from {mirror.uri} into {study.storage}", file=sys.stderr)
+    print(f"fetched {fetched} file(s) of the study from {mirror.uri} into {study.storage}")
     return _outcome(study, out, mirror, fit, points)
 
 

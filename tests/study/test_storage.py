@@ -225,7 +225,7 @@ def test_a_sweep_mirrors_to_s3_and_resumes_from_it_on_a_machine_without_the_copy
 
     done = sweep(study, tmp_path, "--resume")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "fetched" in done.stderr and f"from {uri}" in done.stderr
+    assert "fetched" in done.stdout and f"from {uri}" in done.stdout
     trials = pd.read_parquet(local / "trials.parquet")
     assert len(trials) == 2 and (trials["status"] == "ok").all()
     assert set(trials["trial_id"]) == {Path(name).stem for name in records}
@@ -239,7 +239,7 @@ def test_a_sweep_mirrors_to_s3_and_resumes_from_it_on_a_machine_without_the_copy
                            "--num-cpus", "2", "--quiet"], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert f"{uri}: " in done.stderr and "fetched into results/mirrored" in done.stderr
+    assert f"{uri}: " in done.stdout and "fetched into results/mirrored" in done.stdout
     replicates = pd.read_parquet(local / "replicates.parquet")
     assert len(replicates) == 1 and (replicates["status"] == "ok").all()
     remote = s3_files(s3_bucket, "studies/mirrored")

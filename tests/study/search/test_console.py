@@ -51,11 +51,10 @@ def _run(argv: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
                           timeout=timeout)
 
 
-def _check_console(done: subprocess.CompletedProcess, own_stderr: tuple[str, ...]) -> None:
-    """Exit 0, stderr holds only the command's own lines (no warning, no traceback), stdout fits WIDTH columns."""
+def _check_console(done: subprocess.CompletedProcess) -> None:
+    """Exit 0, nothing on stderr (no note, warning or traceback), stdout fits WIDTH columns."""
     assert done.returncode == 0, done.stderr[-3000:]
-    foreign = [line for line in done.stderr.splitlines() if not line.startswith(own_stderr)]
-    assert foreign == [], done.stderr[-3000:]
+    assert done.stderr == "", done.stderr[-3000:]
     wide = [line for line in done.stdout.splitlines() if len(line) > WIDTH]
     assert wide == [], wide
 
@@ -64,11 +63,11 @@ def test_sweep_and_replicate_consoles_are_clean_and_narrow(write_tiny_sweep, dat
     out = tmp_path / "results"
     study = write_tiny_sweep(tmp_path / "tiny.yaml", name="console", storage=out, samples=2)
     done = _run(["study.sweep", str(study), "--num-cpus", "2"])
-    # the sweep's own stderr lines: its first line, what a short budget adapted, the cost of the largest config
-    # (a line naming it, then the estimate wrapped to 120 columns with indented continuation lines)
-    _check_console(done, ("study.sweep: validating ", "adapted to the budget: ", "largest configuration ",
-                          "cost estimate: ", "  "))
-    assert done.stderr.startswith("study.sweep: validating ")
+    # every note of a normal run (its first line, what a short budget adapted, the cost of the largest config) is
+    # on stdout: stderr stays empty
+    _check_console(done)
+    assert done.stdout.startswith("study.sweep: validating ")
+    assert "adapted to the budget: " in done.stdout and "cost estimate: " in done.stdout
     stdout = done.stdout.splitlines()
     assert sum(line.startswith("trial ") and " done " in line for line in stdout) == 2
     files = stdout[stdout.index(f"files in {out}:") + 1:]
@@ -76,5 +75,37 @@ def test_sweep_and_replicate_consoles_are_clean_and_narrow(write_tiny_sweep, dat
 
     done = _run(["study.replicate", str(out), "--seeds", "1", "--select", "top:1", "--first-seed", "7",
                  "--num-cpus", "2"])
-    _check_console(done, ("study.replicate: selecting configurations of ",))
+    _check_console(done)
+    assert done.stdout.startswith("study.replicate: selecting configurations of ")
     assert "1 replicate(s) ok, 0 failed" in done.stdout and "Configuration for experiment" not in done.stdout
+
+
+def test_tunes_failure_and_ctrl_c_messages_are_kept_off_the_console(capsys) -> None:
+    """Tune handles SIGINT itself and returns from fit() normally; the runner must still know (to exit 130 with its
+    own --resume line) and must not pass on Tune's 'Tuner.restore' advice. A failed trial's traceback stays in its
+    error.txt: the sweep's records and summary name the failure."""
+    import logging
+
+    from study.search.runner import TuneMessages
+
+    tune_log = logging.getLogger("ray.tune.tune")
+    controller_log = logging.getLogger("ray.tune.execution.tune_controller")
+    handler = logging.StreamHandler()
+    for log in (tune_log, controller_log):
+        log.addHandler(handler)
+    try:
+        with TuneMessages() as messages:
+            tune_log.warning("Trial finished reporting")
+            controller_log.error("Trial task failed for trial sweep_trial_abc", exc_info=ValueError("nan"))
+            tune_log.error("Trials did not complete: %s", ["sweep_trial_abc"])
+            assert not messages.interrupted
+            tune_log.warning("Stop signal received (e.g. via SIGINT/Ctrl+C), ending Ray Tune run. ...")
+            tune_log.warning("Experiment has been interrupted, but the most recent state was saved.\nResume: x")
+        tune_log.warning("Stop signal received after the sweep")  # the filter is gone with the block
+    finally:
+        for log in (tune_log, controller_log):
+            log.removeHandler(handler)
+    assert messages.interrupted
+    err = capsys.readouterr().err
+    assert "Trial finished reporting" in err and "Stop signal received after the sweep" in err
+    assert "failed" not in err and "did not complete" not in err and "ending Ray Tune run" not in err
