@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import sys
+import textwrap
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +20,7 @@ from study.cluster import choose_auth_mode
 from study.errors import UserError, print_error
 
 EXIT_INTERRUPTED = 130
+CONSOLE_WIDTH = 120  # study.search.console.WIDTH, not imported: that module is not needed before the first line
 
 
 def run_command(body: Callable[[], int], *, address: str, first_line: str | None, interrupted: str) -> int:
@@ -28,7 +30,9 @@ def run_command(body: Callable[[], int], *, address: str, first_line: str | None
     ``interrupted`` is what the user can do after Ctrl-C (e.g. the ``--resume`` command).
     """
     if first_line is not None:
-        print(first_line, flush=True)
+        # wrapped like every console line (a long study path would overflow 120 columns)
+        print(textwrap.fill(first_line, width=CONSOLE_WIDTH, subsequent_indent="  ", break_on_hyphens=False),
+              flush=True)
     choose_auth_mode(address)
     from models import ConfigError  # imports torch: only after the first line is out
 
