@@ -2,7 +2,7 @@
 
     python -m benchmarks.speed --source DIR_WITH_ml-100k.inter [--max-len 200] [--dropout 0.2] [--threads 2]
         [--rounds 3] [--steps 0] [--pmixer PATH] [--pmixer-epochs 4] [--compile] [--time-to-quality]
-        [--ttq-budget 900]
+        [--ttq-budget 900] [--profile]
 
 Rows, each timed on ml-100k's prepared training windows (one left-padded window per user, batch 128):
 - ``ours``: the platform's SASRec under its default objective (``causal``: full softmax CE at every real position),
@@ -14,7 +14,8 @@ Rows, each timed on ml-100k's prepared training windows (one left-padded window 
   in a subprocess on the same ml-100k sequences written in its ``data/NAME.txt`` format (``user item`` lines in
   time order, 1-based ids) in a temporary folder; an epoch's time is read by wrapping its output (the time between
   the last loss line of consecutive epochs). It keeps its own defaults otherwise (3 sampler processes, Adam betas
-  0.9/0.98, BCE with one negative).
+  0.9/0.98, BCE with one negative). It runs after the in-process rounds, not interleaved with them: compare its
+  row under a steady load only (the load is printed with its epochs).
 - ``ours, compiled`` (``--compile``): ours after ``torch.compile``; the compile time is printed on its own.
 
 Every implementation gets one warm-up epoch, then ``--rounds`` rounds in which each in-process row runs one epoch
@@ -26,13 +27,16 @@ and softmax are elementwise and left out): QKV and output projections 8·T·d²,
 mixing 4·B·L²·d per layer over the T = B·L positions the dense batch computes, plus the output layer, 2·P·d·(items
 + 1) for the full CE over the P scored positions (2·P·d·2 for one negative); backward is counted as twice the
 forward. ``GFLOP/s`` is that over the measured time and ``% of peak`` compares it with a large fp32 matmul
-(2048³) timed on the same threads just before: the distance from the compute roof. A low percentage says the
+(2048³) timed on the same threads before and after the rounds (the larger of the two): the distance from the
+compute roof. A low percentage says the
 step is bound by memory traffic and per-operator overhead (dropout masks, softmax over B·H·L² scores), not FLOPs.
 
 ``--time-to-quality`` trains the platform's SASRec with the trainer's defaults (``python -m study.train``'s
 ``run_trial``, only ``num_threads`` set) and prints the wall time at which the test NDCG@10 of the best-validation
 epoch first reaches 0.041 (the figure ``study.train`` would report if stopped there), or the best reached within
 ``--ttq-budget`` seconds.
+``--profile`` splits each in-process row's operator time into matrix products, dropout random numbers and the
+rest, which says what bounds a step that is far from the roof.
 The load average is printed beside the table: on a shared machine every absolute figure depends on it.
 """
 
@@ -189,6 +193,27 @@ def time_pmixer(checkout: Path, data_path: Path, args: argparse.Namespace) -> li
             for epoch in sorted(last_line_at) if epoch - 1 in last_line_at]
 
 
+MATMULS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm")
+
+
+def operator_shares(row: Row, steps: int = 2, top: int = 8) -> str:
+    """Where one implementation's step time goes: torch.profiler's self CPU time per operator, as shares."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for index in range(steps):
+            row.step(torch.as_tensor(row.batches[index % len(row.batches)], dtype=torch.long)).item()
+    events = [e for e in prof.key_averages() if e.key.startswith("aten::")]
+    total = sum(e.self_cpu_time_total for e in events) or 1.0
+    matmul = sum(e.self_cpu_time_total for e in events if e.key in MATMULS) / total
+    rng = sum(e.self_cpu_time_total for e in events if e.key in ("aten::bernoulli_", "aten::uniform_")) / total
+    ranked = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
+    listing = ", ".join(f"{e.key[6:]} {100 * e.self_cpu_time_total / total:.0f}%" for e in ranked)
+    return (f"{row.label}: matrix products {100 * matmul:.0f}%, dropout random numbers {100 * rng:.0f}%, "
+            f"everything else (elementwise, softmax, copies) {100 * (1 - matmul - rng):.0f}% of operator time; "
+            f"top: {listing}")
+
+
 class QualityReached(Exception):
     pass
 
@@ -240,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-to-quality", action="store_true",
                         help=f"also measure the wall time to test NDCG@10 >= {TARGET_NDCG} with default settings")
     parser.add_argument("--ttq-budget", type=float, default=900.0)
+    parser.add_argument("--profile", action="store_true",
+                        help="also print where each in-process row's step time goes, by operator")
     args = parser.parse_args(argv)
 
     data_path = prepared_ml100k(args)
@@ -276,6 +303,11 @@ def main(argv: list[str] | None = None) -> int:
         pmixer_times = time_pmixer(args.pmixer, data_path, args)
         print(f"pmixer epochs: {', '.join(f'{t:.2f}' for t in pmixer_times)} s; {load_text()}", flush=True)
 
+    # the roof as measured at the start and again now: on a shared machine the load moves in between, and the
+    # larger of the two is the closer estimate of what this share of the CPU can do
+    peak_after = matmul_peak_gflops(args.threads)
+    print(f"measured peak again: {peak_after:.1f} GFLOP/s; {load_text()}", flush=True)
+    peak = max(peak, peak_after)
     ours = statistics.median(rows[0].times)
     print("\n| implementation | s/epoch | relative to ours | GFLOP/step | GFLOP/s | % of peak |")
     print("|---|---|---|---|---|---|")
@@ -290,6 +322,10 @@ def main(argv: list[str] | None = None) -> int:
         rate = pmixer_gflop * rows[2].steps_per_epoch / seconds
         print(f"| pmixer SASRec.pytorch (bce, d=50, 1 head) | {seconds:.2f} | {seconds / ours:.2f}× | "
               f"{pmixer_gflop:.1f} | {rate:.1f} | {100 * rate / peak:.1f} |")
+    if args.profile:
+        print()
+        for row in rows[:3]:
+            print(operator_shares(row), flush=True)
     if compile_s is not None:
         print(f"\ntorch.compile: the first step took {compile_s:.1f} s (compilation included)")
     print(f"\n{load_text()}")
