@@ -2,7 +2,7 @@
 
     python -m benchmarks.speed --source DIR_WITH_ml-100k.inter [--max-len 200] [--dropout 0.2] [--threads 2]
         [--rounds 3] [--steps 0] [--pmixer PATH] [--pmixer-epochs 4] [--compile] [--time-to-quality]
-        [--ttq-budget 900] [--profile]
+        [--ttq-budget 900] [--profile] [--before]
 
 Rows, each timed on ml-100k's prepared training windows (one left-padded window per user, batch 128):
 - ``ours``: the platform's SASRec under its default objective (``causal``: full softmax CE at every real position),
@@ -16,6 +16,8 @@ Rows, each timed on ml-100k's prepared training windows (one left-padded window 
   the last loss line of consecutive epochs). It keeps its own defaults otherwise (3 sampler processes, Adam betas
   0.9/0.98, BCE with one negative). It runs after the in-process rounds, not interleaved with them: compare its
   row under a steady load only (the load is printed with its epochs).
+- ``ours, before`` (``--before``): ours with the attention mask rebuilt in every layer, as it was before it was
+  built once per forward (same results);
 - ``ours, compiled`` (``--compile``): ours after ``torch.compile``; the compile time is printed on its own.
 
 Every implementation gets one warm-up epoch, then ``--rounds`` rounds in which each in-process row runs one epoch
@@ -57,6 +59,7 @@ import numpy as np
 import torch
 
 import models
+import models.blocks as blocks
 from benchmarks.plain_sasrec import PlainSASRec, all_position_ce
 from study.train.config import TrainConfig
 from study.train.step import TrainStep
@@ -137,6 +140,27 @@ def our_step(data: TrialData, args: argparse.Namespace, pmixer_config: bool = Fa
     shape = Shape(cfg.hidden_size, cfg.num_heads, cfg.inner_size, cfg.num_layers, data.num_items,
                   1 if objective == "bce" else None)
     return step, shape
+
+
+def per_layer_mask(valid: torch.Tensor, causal: bool, additive: bool = False) -> torch.Tensor:
+    """The attention mask as every layer built it before it was shared: fresh per layer (SDPA converted the boolean
+    mask to this float form inside each call)."""
+    mask = blocks.attention_mask(valid, causal)
+    return torch.where(mask, 0.0, float("-inf")) if additive else mask
+
+
+def before_step(data: TrialData, args: argparse.Namespace):
+    """Ours as it was before the mask was built once per forward (the same weights, seed and results)."""
+    step, shape = our_step(data, args)
+
+    def run(windows: torch.Tensor) -> torch.Tensor:
+        shared, blocks.shared_attention_mask = blocks.shared_attention_mask, per_layer_mask
+        try:
+            return step(windows)
+        finally:
+            blocks.shared_attention_mask = shared
+
+    return run, shape
 
 
 def plain_step(data: TrialData, args: argparse.Namespace):
@@ -265,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-to-quality", action="store_true",
                         help=f"also measure the wall time to test NDCG@10 >= {TARGET_NDCG} with default settings")
     parser.add_argument("--ttq-budget", type=float, default=900.0)
+    parser.add_argument("--before", action="store_true",
+                        help="also time ours with the attention mask rebuilt in every layer, as before")
     parser.add_argument("--profile", action="store_true",
                         help="also print where each in-process row's step time goes, by operator")
     args = parser.parse_args(argv)
@@ -281,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
             Row("plain", *plain_step(data, args), data, args.batch_size, args.steps, args.seed),
             Row("ours, pmixer's config (bce, d=50, 1 head)", *our_step(data, args, pmixer_config=True),
                 data, args.batch_size, args.steps, args.seed)]
+    if args.before:
+        rows.insert(1, Row("ours, before (one mask per layer)", *before_step(data, args), data, args.batch_size,
+                           args.steps, args.seed))
     compile_s = None
     if args.compile:
         compiled = Row("ours, compiled", *our_step(data, args, compile_model=True), data, args.batch_size, 1,
@@ -318,14 +347,16 @@ def main(argv: list[str] | None = None) -> int:
               f"{100 * rate / peak:.1f} |")
     if pmixer_times:
         seconds = statistics.median(pmixer_times)
-        pmixer_gflop = rows[2].gflop_per_step  # its matrix sizes are those of ours under its config
-        rate = pmixer_gflop * rows[2].steps_per_epoch / seconds
+        like_pmixer = next(row for row in rows if "pmixer" in row.label)  # its matrix sizes are pmixer's
+        pmixer_gflop = like_pmixer.gflop_per_step
+        rate = pmixer_gflop * like_pmixer.steps_per_epoch / seconds
         print(f"| pmixer SASRec.pytorch (bce, d=50, 1 head) | {seconds:.2f} | {seconds / ours:.2f}× | "
               f"{pmixer_gflop:.1f} | {rate:.1f} | {100 * rate / peak:.1f} |")
     if args.profile:
         print()
-        for row in rows[:3]:
-            print(operator_shares(row), flush=True)
+        for row in rows:
+            if "compiled" not in row.label:
+                print(operator_shares(row), flush=True)
     if compile_s is not None:
         print(f"\ntorch.compile: the first step took {compile_s:.1f} s (compilation included)")
     print(f"\n{load_text()}")
