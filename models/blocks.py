@@ -72,6 +72,33 @@ def attention_mask(valid: torch.Tensor, causal: bool) -> torch.Tensor:
     return allowed | torch.eye(length, dtype=torch.bool, device=valid.device)
 
 
+# The mask of the last `valid` tensor seen, per (causal, additive): every layer of one forward pass reads the same
+# `valid` object, so the (B, 1, L, L) mask is built once per forward instead of once per layer. The entry holds a
+# reference to `valid` itself, so an identity match can never be a freed tensor's reused memory.
+_LAST_MASK: dict[tuple[bool, bool], tuple[torch.Tensor, int, torch.Tensor]] = {}
+
+
+def shared_attention_mask(valid: torch.Tensor, causal: bool, additive: bool = False) -> torch.Tensor:
+    """:func:`attention_mask` of ``valid``, built once for all the layers that read the same ``valid``.
+
+    ``additive=True`` gives it as a float mask (0 where allowed, -inf elsewhere), the form SDPA converts a boolean
+    mask to on every call: converting once per forward gives the same scores with one conversion instead of one per
+    layer.
+    """
+    if torch.compiler.is_compiling():  # a compiled graph builds (and fuses) the mask itself
+        mask = attention_mask(valid, causal)
+        return torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, float("-inf")) if additive else mask
+    key = (causal, additive)
+    cached = _LAST_MASK.get(key)
+    if cached is not None and cached[0] is valid and cached[1] == valid._version:
+        return cached[2]
+    mask = attention_mask(valid, causal)
+    if additive:
+        mask = torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, float("-inf"))
+    _LAST_MASK[key] = (valid, valid._version, mask)
+    return mask
+
+
 class SoftmaxAttention(TokenMixer):
     """Multi-head scaled dot-product attention, causal (SASRec) or bidirectional (BERT4Rec).
 
@@ -94,11 +121,12 @@ class SoftmaxAttention(TokenMixer):
     def forward(self, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         batch, length, hidden = x.shape
         q, k, v = self.qkv(x).view(batch, length, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
-        mask = attention_mask(valid, self.causal)
         dropout = self.attn_dropout if self.training else 0.0
         if self.backend == "sdpa":
-            mixed = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+            mask = shared_attention_mask(valid, self.causal, additive=True)
+            mixed = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), dropout_p=dropout)
         else:
+            mask = shared_attention_mask(valid, self.causal)
             scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
             weights = F.dropout(scores.masked_fill(~mask, float("-inf")).softmax(-1), dropout, self.training)
             mixed = weights @ v

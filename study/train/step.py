@@ -6,6 +6,8 @@ The trainer's loop, the peak-memory probe (:mod:`study.train.efficiency`) and th
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 
@@ -19,16 +21,29 @@ class NonFiniteLoss(FloatingPointError):
     """A training loss that is NaN or infinite: the trial cannot go on."""
 
 
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
 class TrainStep:
     """One optimisation step of ``model`` under ``train`` (objective, lr, weight decay, grad clip, mask rate).
 
     Calling it with a (B, L + 1) batch of windows returns the step's loss as a detached tensor; the caller decides
     when to synchronise with ``.item()`` (once per step in the trainer, never inside the timed scaling cells).
+
+    Two options change the arithmetic, hence the results, so both are off by default:
+    - ``precision``: ``bf16``/``fp16`` run the forward pass and the loss under CUDA autocast (fp16 with a gradient
+      scaler); on a CPU model they are ignored and the step stays fp32 (CPU autocast is slower than fp32 on the
+      machines this study runs on, and bf16 matmuls there lose accuracy for nothing);
+    - ``compile_model``: ``torch.compile`` the model in place (``nn.Module.compile``: the state_dict keys stay the
+      same). Inductor draws its own dropout random numbers, so a compiled run is not the eager run's twin.
     """
 
-    def __init__(self, model: SeqRecModel, train: TrainConfig, item_popularity: np.ndarray | None = None) -> None:
+    def __init__(self, model: SeqRecModel, train: TrainConfig, item_popularity: np.ndarray | None = None, *,
+                 precision: str = "fp32", compile_model: bool = False) -> None:
         """``item_popularity`` (num_items + 1 training counts) is read only by ``sampled_ce`` with the popularity
         sampler, which refuses to run without it."""
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         self.model = model
         self.train = train
         self.objective = resolve_objective(model, train.objective)
@@ -40,20 +55,36 @@ class TrainStep:
         if self.objective == "sampled_ce":
             self.sampler = NegativeSampler(model.config.num_items, train.train_negatives,
                                            train.train_negative_sampler, item_popularity)
+        on_cuda = next(model.parameters()).is_cuda
+        self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision) if on_cuda else None
+        # fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range and needs none
+        self.scaler = torch.amp.GradScaler("cuda") if self.autocast_dtype is torch.float16 else None
+        if compile_model:
+            model.compile()
 
     def __call__(self, windows: torch.Tensor, *, check_finite: bool = False,
                  users: torch.Tensor | None = None) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
-        loss = objective_loss(self.objective, self.model, windows, mask_prob=self.train.mask_prob,
-                              generator=self.generator, users=users, sampler=self.sampler,
-                              trim=self.train.trim_padding)
+        mixed = self.autocast_dtype is not None
+        with torch.autocast("cuda", dtype=self.autocast_dtype) if mixed else contextlib.nullcontext():
+            loss = objective_loss(self.objective, self.model, windows, mask_prob=self.train.mask_prob,
+                                  generator=self.generator, users=users, sampler=self.sampler,
+                                  trim=self.train.trim_padding)
         if check_finite and not torch.isfinite(loss):
             raise NonFiniteLoss(f"non-finite training loss {loss.item()}")
-        loss.backward()
+        if self.scaler is None:
+            loss.backward()
+        else:
+            self.scaler.scale(loss).backward()
+            self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
         if self.train.grad_clip:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train.grad_clip)
-        self.optimizer.step()
-        return loss.detach()
+        if self.scaler is None:
+            self.optimizer.step()
+        else:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        return loss.detach().float()
 
 
 def build_step(model_name: str, model_hparams: dict, train_settings: dict, device: torch.device) -> TrainStep:
