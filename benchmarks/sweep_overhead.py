@@ -8,9 +8,15 @@ Runs a real study (SASRec, two 1-CPU trials at a time, no scheduler so every tri
 * **trial compute**: from the trainable's first line to its last report (``trial_compute_s``), i.e. data crop,
   model build, (optional) efficiency probe and every epoch; **epoch compute** counts the epochs only;
 * **share of the sweep inside trials**: the sum of trial compute over ``concurrency x Tuner.fit() wall time``;
+  ``share_of_command`` divides by the whole :func:`run_study` call instead (data, Ray's start, the final tables),
+  so that work moved out of ``Tuner.fit()`` shows there;
 * **warm start-up**: for consecutive trials on the same reused actor (same pid), the gap between one trial's
   last report and the next trial's first line: Tune's bookkeeping, the recorder's table rewrite, Optuna's
   suggestion, the actor reset and fetching the shared data from the object store.
+
+``--recorder-trials N`` measures instead, without Ray, what the driver's :class:`~study.search.recorder.SweepRecorder`
+costs Tune's loop (the thread that also starts the next trial) at each of N trials' ends, and the wait for the
+complete tables at the experiment's end.
 
 Targets (CPU, 2 cores): warm start-up <= 1 s; >= 90 % of the sweep's wall time inside trial compute.
 The default dataset is the synthetic recipe (no files needed); pass ``--dataset lastfm --source PATH`` for real data.
@@ -37,6 +43,42 @@ def _round(value: float) -> float:
     return round(value, 2)
 
 
+def recorder_cost(trials: int, epochs: int) -> int:
+    """Seconds Tune's loop spends in the recorder when a trial ends (first, median of the last ten, total)."""
+    from types import SimpleNamespace
+
+    import models
+    from study.search.recorder import SweepRecorder
+
+    out = Path(tempfile.mkdtemp(prefix="sweep-recorder-"))
+    context = {"study": "overhead", "model": "sasrec", "dataset_meta": {"name": "synthetic"},
+               "model_defaults": models.model_class("sasrec").config_class().to_dict(),
+               "base_settings": {"max_epochs": epochs, "patience": 0}, "study_time_budget_s": 0}
+    recorder = SweepRecorder(str(out), context)
+    recorder.setup()
+    spent = []
+    for number in range(trials):
+        trial = SimpleNamespace(trial_id=f"{number:05d}", config={"lr": 1e-3 * (1 + number % 7), "dropout": 0.2})
+        for epoch in range(1, epochs + 1):
+            recorder.on_trial_result(epoch, [], trial, {
+                "epoch": epoch, "best_epoch": epoch, "train_loss": 1.0 / epoch, "epoch_time_s": 1.0,
+                "best_valid_ndcg@10": 0.01 * epoch, "valid_ndcg@10": 0.01 * epoch, "test_ndcg@10": 0.01 * epoch,
+                "trial_started_at": time.time(), "trial_compute_s": 1.0, "done": False})
+        started = time.perf_counter()
+        recorder.on_trial_complete(epochs, [], trial)
+        spent.append(time.perf_counter() - started)
+    started = time.perf_counter()
+    recorder.on_experiment_end(trials=[])
+    figures = {"trials": trials, "at_trial_end_s_first": round(spent[0], 4),
+               "at_trial_end_s_median_last10": round(statistics.median(spent[-10:]), 4),
+               "at_trial_ends_s_total": round(sum(spent), 2),
+               "at_experiment_end_s": round(time.perf_counter() - started, 3),
+               "load_average_1m": round(os.getloadavg()[0], 2)}
+    for key, value in figures.items():
+        print(f"{key:>29}: {value}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=8)
@@ -46,7 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-cpus", type=int, default=2)
     parser.add_argument("--measure", action="store_true", help="include the per-trial efficiency probe")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--recorder-trials", type=int, default=0, help="time the recorder alone over N trials")
     args = parser.parse_args(argv)
+    if args.recorder_trials:
+        return recorder_cost(args.recorder_trials, args.epochs)
 
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's classic output is silent at verbose 0
     work = Path(tempfile.mkdtemp(prefix="sweep-overhead-"))
@@ -98,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         "trial_compute_s_median": round(statistics.median(compute), 2),
         "share_in_trial_compute": round(sum(compute) / (concurrency * fit_wall), 3),
         "share_in_epochs": round(sum(epochs) / (concurrency * fit_wall), 3),
+        "share_of_command": round(sum(compute) / (concurrency * total_wall), 3),
         # once both actors are up: from the first trial's start to the last trial's end
         "share_in_trial_compute_warm": round(sum(compute) / (concurrency * (last_end - first_start)), 3),
         "warm_startup_s_median": round(statistics.median(gaps), 3) if gaps else None,

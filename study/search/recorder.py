@@ -22,6 +22,7 @@ import json
 import math
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -215,10 +216,16 @@ def build_row(context: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]
     return json_safe(row)
 
 
-def write_tables(out_dir: Path, context: dict[str, Any], records: dict[str, dict[str, Any]]) -> dict[str, Path]:
-    """(Re)write trials.parquet, trials.csv and history.parquet from every record, atomically."""
+def write_tables(out_dir: Path, context: dict[str, Any], records: dict[str, dict[str, Any]],
+                 rows: dict[str, dict[str, Any]] | None = None) -> dict[str, Path]:
+    """(Re)write trials.parquet, trials.csv and history.parquet from every record, atomically.
+
+    ``rows`` holds rows built earlier by trial id (:class:`SweepRecorder` builds each trial's row once, not once
+    per rewrite); a record without one gets its row built here.
+    """
+    rows = rows or {}
     ordered = sorted(records.values(), key=lambda r: (r.get("started_at") or 0, r["trial_id"]))
-    trials = pd.DataFrame([build_row(context, record) for record in ordered])
+    trials = pd.DataFrame([rows.get(record["trial_id"]) or build_row(context, record) for record in ordered])
     history = pd.DataFrame([{"trial_id": record["trial_id"], **row}
                             for record in ordered for row in record.get("history", [])])
     if history.empty:
@@ -307,22 +314,95 @@ def _error_message(trial: Any) -> str:
     return trace[-1][:2000] if trace else "unknown error (see the trial's error.txt under tune/)"
 
 
+class TableWriter:
+    """Rewrites a sweep's tables on a thread of its own, so that Tune's loop never waits for them.
+
+    The loop that calls :class:`SweepRecorder` also starts the next trial, so a rewrite there (pandas, parquet,
+    csv, fsync, a mirror upload) delays that start. :meth:`request` returns at once; requests made while a
+    rewrite runs are served by one more rewrite of the state at that time. :meth:`close` waits for the last one.
+    An error in a rewrite is raised by the next request or by close, as it was raised by the trial's end before.
+    """
+
+    def __init__(self, write: Callable[[], None]):
+        self._write = write
+        self._changed = threading.Condition()
+        self._pending = self._busy = self._closing = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._serve, name="sweep-tables", daemon=True)
+        self._thread.start()
+
+    def request(self) -> None:
+        with self._changed:
+            self._raise_error()
+            self._pending = True
+            self._changed.notify_all()
+
+    def close(self) -> None:
+        """Wait until every requested rewrite is written, then end the thread."""
+        with self._changed:
+            self._closing = True
+            self._changed.notify_all()
+        self._thread.join()
+        self._raise_error()
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def _serve(self) -> None:
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: self._pending or self._closing)
+                if not self._pending:
+                    return
+                self._pending, self._busy = False, True
+            try:
+                self._write()
+            except BaseException as error:  # handed to the loop's thread, which raises it
+                self._error = error
+            finally:
+                with self._changed:
+                    self._busy = False
+                    self._changed.notify_all()
+
+
 class SweepRecorder(Callback):
-    """Driver-side: keeps each trial's epoch history and writes its record the moment it ends."""
+    """Driver-side: keeps each trial's epoch history and writes its record the moment it ends.
+
+    The record is written before the callback returns; the tables are rewritten from all records by a
+    :class:`TableWriter` and are complete when the experiment ends (``on_experiment_end``).
+    """
 
     def __init__(self, out_dir: str, context: dict[str, Any], mirror: Mirror | None = None):
         self.out_dir, self.context, self.mirror = out_dir, context, mirror
         self.history: dict[str, list[dict]] = {}
         self.last: dict[str, dict] = {}
         self.records: dict[str, dict] = {}
+        self._start_session()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Tune pickles its callbacks with the experiment (tuner.pkl): the thread, its lock and the rows are this
+        # session's, rebuilt by setup() after a restore
+        state = self.__dict__.copy()
+        for name in ("_rows", "_lock", "_writer"):
+            state.pop(name, None)
+        return state
+
+    def _start_session(self) -> None:
+        self._rows: dict[str, dict[str, Any]] = {}  # each record's trials row, built once
+        self._lock = threading.Lock()  # records and rows: changed by Tune's loop, read by the table writer
+        self._writer: TableWriter | None = None
 
     def setup(self, **info: Any) -> None:
         # Also runs after Tuner.restore, which unpickles this callback: start from the records on disk.
+        self._start_session()
         self.last = {}
         self.history = read_partial_histories(Path(self.out_dir) / RECORDS_DIR)
         self.records = read_records(Path(self.out_dir) / RECORDS_DIR)
         budget = self.context["study_time_budget_s"]
         self.deadline = time.time() + budget if budget else math.inf
+        self._writer = TableWriter(self._write_tables)
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         self.last[trial.trial_id] = dict(result)
@@ -339,6 +419,11 @@ class SweepRecorder(Callback):
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self._record(trial, STATUS_FAILED, _error_message(trial))
+
+    def on_experiment_end(self, trials: list, **info: Any) -> None:
+        if getattr(self, "_writer", None) is not None:
+            self._writer.close()  # the tables are complete before Tuner.fit() returns
+            self._writer = None
 
     def _record(self, trial: Any, status: str, error: str) -> None:
         last = self.last.pop(trial.trial_id, None) or {}
@@ -359,11 +444,24 @@ class SweepRecorder(Callback):
             "last_report": report,
             "history": self.history.pop(trial.trial_id, []),
         }
-        out = Path(self.out_dir)
-        write_record(out / RECORDS_DIR, record)
-        partial_history_path(out / RECORDS_DIR, trial.trial_id).unlink(missing_ok=True)
-        self.records[trial.trial_id] = record
-        write_tables(out, self.context, self.records)
+        write_record(Path(self.out_dir) / RECORDS_DIR, record)
+        partial_history_path(Path(self.out_dir) / RECORDS_DIR, trial.trial_id).unlink(missing_ok=True)
+        # rows of records read at setup (a resumed study) are built at the first trial's end, then one per trial
+        rows = {trial_id: build_row(self.context, old) for trial_id, old in self.records.items()
+                if trial_id not in self._rows and trial_id != trial.trial_id}
+        rows[trial.trial_id] = build_row(self.context, record)  # a retried trial's new record replaces its row
+        with self._lock:
+            self.records[trial.trial_id] = record
+            self._rows.update(rows)
+        if self._writer is None:  # no writer: before setup() or after the experiment ended
+            self._write_tables()
+        else:
+            self._writer.request()
+
+    def _write_tables(self) -> None:
+        with self._lock:
+            records, rows = dict(self.records), dict(self._rows)
+        write_tables(Path(self.out_dir), self.context, records, rows)
         if self.mirror is not None:
             self.mirror.push()  # throttled; the run ends with a full push
 

@@ -283,8 +283,7 @@ def sweep_trial(config: dict[str, Any], *, plan: TrialPlan, data: TrialData, tra
     from study.train.config import split_settings
     from study.train.trainer import run_trial
 
-    quiet_ray_data()
-    settings = trial_settings(plan, config)
+    settings = trial_settings(plan, config)  # no Ray Data here: a one-process trial trains on the windows it holds
     train_cfg, hparams = split_settings(plan.model, settings)
     torch.set_num_threads(train_cfg.num_threads)
     max_len = hparams.get("max_len", models.model_class(plan.model).config_class.max_len)
@@ -320,4 +319,3 @@ def quiet_ray_data() -> None:
     context.print_on_execution_start = False
     logging.getLogger("ray.data").setLevel(logging.WARNING)
     logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)  # "progress bars disabled", as asked
-
