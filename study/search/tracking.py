@@ -13,6 +13,7 @@ epochs, and a ``--resume`` or a retried trial would open a second run for the sa
 from __future__ import annotations
 
 import math
+import os
 import re
 import time
 from typing import Any
@@ -47,7 +48,11 @@ def tracking_callbacks(tracking: Tracking, shared_params: dict[str, Any] | None 
     if tracking.wandb is not None:
         from ray.air.integrations.wandb import WandbLoggerCallback
 
-        callbacks.append(WandbLoggerCallback(project=tracking.wandb["project"]))
+        # wandb.init runs in one logging actor per trial, which may not see this shell's variables: the mode and
+        # folder a user chose here (WANDB_MODE=offline logs without an account, `wandb sync` uploads later) go with it
+        chosen = {key: os.environ[name] for key, name in (("mode", "WANDB_MODE"), ("dir", "WANDB_DIR"))
+                  if os.environ.get(name)}
+        callbacks.append(WandbLoggerCallback(project=tracking.wandb["project"], **chosen))
     return callbacks
 
 

@@ -102,3 +102,34 @@ def test_a_resumed_session_logs_into_the_run_its_trial_already_has(tmp_path: Pat
     assert [(p.step, p.value) for p in client.get_metric_history(run.info.run_id, "valid_ndcg_at_10")] == \
         [(1, 0.1), (2, 0.2)]
     assert set(run.data.metrics) == {"epoch", "valid_ndcg_at_10"}  # no strings, NaNs or Tune bookkeeping
+
+
+def test_wandb_offline_writes_one_run_per_trial_with_its_epochs(tmp_path: Path, data_cache: Path, ray_session,
+                                                                 write_tiny_sweep,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """W&B without an account: WANDB_MODE=offline writes each trial's run under WANDB_DIR (`wandb sync` uploads it).
+    The run file is W&B's binary log, whose records keep every logged key and value as text: each epoch's validation
+    NDCG@10, as history.parquet has it, is in its trial's run."""
+    from study.search.runner import run_study
+    from study.spec.sweep import load_study
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-runs"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    out = tmp_path / "out"
+    path = write_tiny_sweep(tmp_path / "study.yaml", name="wandb-tracked", storage=out, samples=2)
+    run_study(load_study(path, [f"budget.max_epochs={EPOCHS}", "scheduler=none",
+                                "tracking={wandb: {project: wandb-tracked}}"]), quiet=True)
+    trials = pd.read_parquet(out / "trials.parquet")
+    assert (trials["status"] == "ok").all() and len(trials) == 2
+    history = pd.read_parquet(out / "history.parquet")
+
+    runs = {run.name.rsplit("-", 1)[1]: run for run in (tmp_path / "wandb-runs" / "wandb").glob("offline-run-*")}
+    assert sorted(runs) == sorted(trials["trial_id"])  # one run per trial, named by its Tune trial id
+    for trial_id, run in runs.items():
+        (log,) = run.glob("run-*.wandb")
+        content = log.read_bytes()
+        epochs = history[history["trial_id"] == trial_id]
+        assert len(epochs) == EPOCHS and b"valid_ndcg@10" in content
+        for value in epochs["valid_ndcg@10"]:
+            assert repr(float(value)).encode() in content
