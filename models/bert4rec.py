@@ -53,6 +53,9 @@ class BERT4RecConfig(ModelConfig):
     activation: str = one_of("gelu", ACTIVATIONS)
     attention_backend: str = one_of("sdpa", ATTENTION_BACKENDS)
     ffn_inner_dropout: bool = False  # True: dropout between the FFN linears too (the zoo's first form, not RecBole's)
+    # cloze samples per training window and step (the reference code's dupe_factor); see the module docstring
+    cloze_copies: int = positive(1)
+    cloze_last_item_samples: bool = False  # one more sample per window that masks only its newest item (§3.6)
 
 
 @register("bert4rec")
