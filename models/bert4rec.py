@@ -15,6 +15,20 @@ Choices stated explicitly:
   position L-1, the position the cloze objective trains most often to fill with the newest item. A window
   narrower than ``max_len`` (leading padding trimmed) keeps its oldest column: positions count from the
   newest item (``models.blocks.ItemEmbedding``), so the result is that of the full window.
+- Cloze samples. The paper masks a random ``mask_prob`` share of each training sequence (at least one item
+  here: the newest one when the draw masks none) and, in §3.6, "also" adds samples that mask only the last item,
+  without saying how many. Its code builds ``dupe_factor`` = 10 randomly masked copies of every sequence and
+  trains 400k steps of 256 at lr 1e-4 (Beauty); the text gives neither. Here one epoch is one pass over the
+  users' windows; ``cloze_copies`` (default 1) masks each window that many times per step, and
+  ``cloze_last_item_samples`` (default off) adds one sample per window whose only mask is its newest item: the
+  next-item query that evaluation asks. Both are BERT4Rec config keys, so they are recorded with the model's
+  settings in every result row (``config``).
+- Budget. A cloze epoch supervises only the masked ~``mask_prob`` share of each user's newest ``max_len`` items,
+  once, where causal CE supervises every position: at the same number of epochs BERT4Rec has seen several
+  times fewer targets, and at ~15 epochs it stays near the popularity baseline. Train it with a large epoch
+  budget and early stopping on validation NDCG@10 (``benchmarks/bert4rec_budget.py`` measures the epochs). On
+  ml-100k (windows of 50, lr 2e-3, batch 64) its best validation epoch was 47, SASRec's 10-16 (one seed of
+  BERT4Rec so far).
 - Objectives: ``cloze`` (default) and ``last`` (RecBole-style prefix CE, read through the same mask
   token). ``causal`` and ``bce`` train on every position at once and would leak future items through
   the bidirectional attention, so they are refused.
@@ -53,6 +67,9 @@ class BERT4RecConfig(ModelConfig):
     activation: str = one_of("gelu", ACTIVATIONS)
     attention_backend: str = one_of("sdpa", ATTENTION_BACKENDS)
     ffn_inner_dropout: bool = False  # True: dropout between the FFN linears too (the zoo's first form, not RecBole's)
+    # cloze samples per training window and step (the reference code's dupe_factor); see the module docstring
+    cloze_copies: int = positive(1)
+    cloze_last_item_samples: bool = False  # one more sample per window that masks only its newest item (§3.6)
 
 
 @register("bert4rec")

@@ -130,14 +130,36 @@ def computed_positions(objective: str, windows: np.ndarray, trim: bool) -> int:
     return sum(len(rows) * max(int(lengths[rows].max()), 1) for rows in length_groups(lengths))
 
 
-def cloze_loss(model: SeqRecModel, windows: torch.Tensor, mask_prob: float, generator: torch.Generator,
-               trim: bool = False) -> torch.Tensor:
-    items = windows[:, 1:]
+def cloze_inputs(windows: torch.Tensor, mask_prob: float, generator: torch.Generator, *, copies: int = 1,
+                 last_item_samples: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cloze task of one batch: ``(items, masked)``, both (B', L), the newest L items of each window.
+
+    Each window appears ``copies`` times, each copy with its own random mask (the BERT4Rec reference code's
+    ``dupe_factor``: more supervised targets per pass over the users, at one evaluation per epoch). With
+    ``last_item_samples`` one more copy per window masks only its newest item (the paper's §3.6 samples, which
+    train exactly the next-item query). With the defaults the batch and its random draws are the plain cloze ones.
+    """
+    items = windows[:, 1:].repeat(copies, 1)
     real = items > 0
     masked = real & (torch.rand(items.shape, generator=generator, device="cpu").to(items.device) < mask_prob)
     # every sequence predicts at least one item: mask its newest one if the coin flips left none
     none_masked = ~masked.any(1)
     masked[none_masked, -1] = real[none_masked, -1]
+    if last_item_samples:
+        newest = windows[:, 1:]
+        only_newest = torch.zeros_like(newest, dtype=torch.bool)
+        only_newest[:, -1] = newest[:, -1] > 0  # the newest column holds each window's last real item
+        items, masked = torch.cat([items, newest]), torch.cat([masked, only_newest])
+    return items, masked
+
+
+def cloze_loss(model: SeqRecModel, windows: torch.Tensor, mask_prob: float, generator: torch.Generator,
+               trim: bool = False) -> torch.Tensor:
+    """Masked-item CE; the model config's ``cloze_copies`` and ``cloze_last_item_samples`` (BERT4Rec's, read
+    with the plain cloze task as default for models without them) shape the samples, see :func:`cloze_inputs`."""
+    items, masked = cloze_inputs(windows, mask_prob, generator,
+                                 copies=getattr(model.config, "cloze_copies", 1),
+                                 last_item_samples=getattr(model.config, "cloze_last_item_samples", False))
     if trim:  # after the draw, so the mask is the untrimmed batch's; dropped columns hold no item, hence no mask
         start = padding_columns(items)
         items, masked = items[:, start:], masked[:, start:]
