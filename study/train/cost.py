@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from study.train.objectives import computed_positions
+from study.train.objectives import cloze_samples_per_window, computed_positions
 from study.train.step import TrainStep
 
 PADDING_HINT = 0.5  # above this share of padded positions, the line suggests a shorter max_len
@@ -67,7 +67,8 @@ def estimate_epoch(step: TrainStep, batches: list[tuple[np.ndarray, torch.Tensor
     windows = sum(len(batch) for batch, _ in batches)
     tokens = sum(batch[:, :-1].size for batch, _ in batches)
     real = sum(int(np.count_nonzero(batch[:, :-1])) for batch, _ in batches)
-    computed = [computed_positions(step.objective, batch, step.train.trim_padding) for batch, _ in batches]
+    samples = cloze_samples_per_window(step.model.config)
+    computed = [computed_positions(step.objective, batch, step.train.trim_padding, samples) for batch, _ in batches]
     full_size = max(len(batch) for batch, _ in batches)
     by_cost = sorted((cost, index) for index, (cost, (batch, _)) in enumerate(zip(computed, batches))
                      if len(batch) == full_size)

@@ -21,6 +21,7 @@ sampling, is unchanged; only the forward pass runs in ``LENGTH_GROUPS`` narrower
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -117,13 +118,20 @@ def last_hidden_by_length(model: SeqRecModel, inputs: torch.Tensor,
     return torch.cat(parts)[torch.argsort(torch.cat(order))]
 
 
-def computed_positions(objective: str, windows: np.ndarray, trim: bool) -> int:
-    """Input positions the model computes for one batch of (B, L + 1) windows (the cost line's figure)."""
+def cloze_samples_per_window(config: Any) -> int:
+    """Cloze samples made of each window: its masked copies plus the §3.6 last-item sample (see cloze_inputs)."""
+    return getattr(config, "cloze_copies", 1) + bool(getattr(config, "cloze_last_item_samples", False))
+
+
+def computed_positions(objective: str, windows: np.ndarray, trim: bool, cloze_samples: int = 1) -> int:
+    """Input positions the model computes for one batch of (B, L + 1) windows (the cost line's figure);
+    ``cloze_samples``: samples per window of the cloze task (:func:`cloze_samples_per_window`)."""
     inputs = windows[:, :-1]
+    if objective == "cloze":
+        width = windows.shape[1] - 1 - (padding_columns(windows[:, 1:]) if trim else 0)
+        return cloze_samples * len(windows) * width
     if not trim:
         return inputs.size
-    if objective == "cloze":
-        return len(windows) * (windows.shape[1] - 1 - padding_columns(windows[:, 1:]))
     if objective != "last":
         return len(windows) * (windows.shape[1] - padding_columns(windows, keep=2) - 1)
     lengths = torch.as_tensor((inputs > 0).sum(1))

@@ -59,3 +59,18 @@ def test_bert4rec_config_sets_the_samples_the_loss_supervises():
         hook.remove()
         assert torch.isfinite(loss)
     assert seen == [4, 12, 8]  # the model ran on 1, 3 and 1 + 1 samples per window
+
+
+def test_the_cost_line_counts_every_cloze_sample() -> None:
+    """Copies and the §3.6 samples multiply what an epoch computes; the cost estimate must say so."""
+    import numpy as np
+
+    from models.bert4rec import BERT4RecConfig
+    from study.train.objectives import cloze_samples_per_window, computed_positions
+
+    windows = np.array([[0, 0, 3, 4, 5], [1, 2, 3, 4, 5]])
+    plain = computed_positions("cloze", windows, trim=True)
+    assert plain == 2 * 4
+    samples = cloze_samples_per_window(BERT4RecConfig(num_items=9, cloze_copies=3, cloze_last_item_samples=True))
+    assert samples == 4 and computed_positions("cloze", windows, trim=True, cloze_samples=samples) == 4 * plain
+    assert cloze_samples_per_window(BERT4RecConfig(num_items=9)) == 1
