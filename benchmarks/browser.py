@@ -27,6 +27,18 @@ from typing import Any
 START_TIMEOUT_S = 30.0
 
 
+class Checks:
+    """The checks' verdict lines: ``check(passed, what)`` prints one ``ok``/``FAIL`` line and counts the failures."""
+
+    def __init__(self) -> None:
+        self.failed = 0
+
+    def __call__(self, passed: bool, what: str) -> bool:
+        print(f"{'ok  ' if passed else 'FAIL'} {what}", flush=True)
+        self.failed += not passed
+        return passed
+
+
 def chromium_path() -> str | None:
     """The Chromium (or Chrome) executable on PATH, None when there is none."""
     for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):

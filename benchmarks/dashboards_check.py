@@ -35,7 +35,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from benchmarks.browser import Browser, BrowserError, chromium_path
+from benchmarks.browser import Browser, BrowserError, Checks, chromium_path
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN_DIALOG = "Authentication Token Required"  # the title of the dialog Ray's page shows without the cookie
@@ -57,16 +57,6 @@ def status_of(url: str, headers: dict[str, str] | None = None, opener: urllib.re
 def get_json(url: str) -> dict:
     with urllib.request.urlopen(url, timeout=10) as response:
         return json.loads(response.read())
-
-
-class Checks:
-    def __init__(self) -> None:
-        self.failed = 0
-
-    def __call__(self, passed: bool, what: str) -> bool:
-        print(f"{'ok  ' if passed else 'FAIL'} {what}", flush=True)
-        self.failed += not passed
-        return passed
 
 
 def check_ray(url: str, check: Checks) -> str:

@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.browser import Browser, BrowserError
+from benchmarks.browser import Browser, BrowserError, Checks
 
 MAX_DIGITS = 4
 # a number standing alone: not part of a word (trial ids, hashes), a version (2.13.0) or a longer number
@@ -126,16 +126,6 @@ def make_report(root: Path) -> Path:
     if report.main([str(f) for f in folders] + ["--out", str(out)]) != 0:
         raise RuntimeError("python -m study.report failed")
     return out
-
-
-class Checks:
-    def __init__(self) -> None:
-        self.failed = 0
-
-    def __call__(self, passed: bool, what: str) -> bool:
-        print(f"{'ok  ' if passed else 'FAIL'} {what}", flush=True)
-        self.failed += not passed
-        return passed
 
 
 async def measure(page: Path, width: int, screenshot: Path | None, full_page: bool) -> dict[str, Any]:
