@@ -195,6 +195,12 @@ def results_table(values: dict[str, pd.DataFrame]) -> list[str]:
     return lines
 
 
+def p_text(p: float) -> str:
+    """``p = 0.58`` or ``p < 0.0001``."""
+    shown = fmt_p(p)
+    return f"p {shown[0]} {shown[1:]}" if shown.startswith("<") else f"p = {shown}"
+
+
 def claim_lines(values: dict[str, pd.DataFrame], claims: tuple[Claim, ...]) -> list[str]:
     """One line per claim whose two studies ran: verdict, our means, the difference and its paired test."""
     tested = []
@@ -219,12 +225,12 @@ def claim_lines(values: dict[str, pd.DataFrame], claims: tuple[Claim, ...]) -> l
             elif claim.kind == "within":
                 verdicts.append(abs(diff) <= claim.bound)
             if not math.isnan(r["p"]):
-                text += f", paired t p = {fmt_p(r['p'])}"
+                text += f", paired t {p_text(r['p'])}"
             if claim.kind == "better":
                 p_holm = next(adjusted)
                 verdicts.append(diff > 0 and p_holm < 0.05)
                 if not math.isnan(p_holm):
-                    text += f", Holm p = {fmt_p(p_holm)}"
+                    text += f", Holm {p_text(p_holm)}"
                 if diff > 0 and not p_holm < 0.05:
                     text += "; the sign agrees but the test does not separate them"
             parts.append(text + f", n = {r['n_pairs'] or min(r['n_candidate'], r['n_reference'])})")
