@@ -171,8 +171,7 @@ def seed_values(folders: dict[str, Path]) -> dict[str, pd.DataFrame]:
     assign_labels(studies)
     runs = collect_runs(studies)
     runs = runs[runs["measured"]]
-    by_name = {s.name: s for s in studies}
-    return {key: runs[runs["study"] == by_name[folder.name].name].drop_duplicates("seed").set_index("seed")
+    return {key: runs[runs["study"] == folder.name].drop_duplicates("seed").set_index("seed")
             for key, folder in folders.items()}
 
 
