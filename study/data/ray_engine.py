@@ -1,8 +1,9 @@
 """The Ray engine: preparing a dataset with Ray Data, for sources larger than one process should hold.
 
 The pandas engine (:func:`study.data.sequences.build_sequences`) holds every interaction in one process, at
-about 280 bytes each. This engine keeps the interactions in Ray's object store (which spills to disk) and holds
-on the driver only vectors with one entry per user or per item. It writes the same dataset, byte for byte in
+120–280 bytes each (``python -m benchmarks.data_scale`` measures it). This engine keeps the interactions in Ray's
+object store (which spills to disk) and holds on the driver only vectors with one entry per user or per item. It
+writes the same dataset, byte for byte in
 every table and statistic; only the layout differs: ``sequences.parquet`` is a folder of parts
 ``part-NNNNN.parquet``, each a contiguous range of users in user order, which pyarrow (and
 :func:`study.data.load_prepared`) reads as one table in that order.
@@ -50,8 +51,8 @@ from study.errors import UserError
 
 ENGINES = ("auto", "pandas", "ray")
 ROWS_ENV = "SEQREC_RAY_ENGINE_ROWS"
-# Above this many source interactions ``auto`` picks Ray: the pandas engine then needs about 5.6 GB, a quarter of
-# a 24 GB machine; ML-20M and everything smaller (all the shipped recipes and the tests) stay on pandas.
+# Above this many source interactions ``auto`` picks Ray: the pandas engine then needs 2.4–5.6 GB, up to a quarter
+# of a 24 GB machine; ML-20M and everything smaller (all the shipped recipes and the tests) stay on pandas.
 DEFAULT_RAY_ROWS = 20_000_000
 ROWS_PER_PART = 2_000_000  # interactions per written part: bounded memory per task, few files
 PART_PATTERN = "part-{:05d}.parquet"
