@@ -1,11 +1,10 @@
 """The Ray engine: preparing a dataset with Ray Data, for sources larger than one process should hold.
 
-The pandas engine (:func:`study.data.sequences.build_sequences`) holds every interaction in one process, at
-120–280 bytes each (``python -m benchmarks.data_scale`` measures it). This engine keeps the interactions in Ray's
-object store (which spills to disk) and holds on the driver only vectors with one entry per user or per item. It
-writes the same dataset, byte for byte in
-every table and statistic; only the layout differs: ``sequences.parquet`` is a folder of parts
-``part-NNNNN.parquet``, each a contiguous range of users in user order, which pyarrow (and
+The pandas engine (:func:`study.data.sequences.build_sequences`) holds every interaction in one process, at 120–280
+bytes each (``python -m benchmarks.data_scale`` measures it). This engine keeps the interactions in Ray's object
+store (which spills to disk) and holds on the driver only vectors with one entry per user or per item. It writes the
+same dataset, byte for byte in every table and statistic; only the layout differs: ``sequences.parquet`` is a folder
+of parts ``part-NNNNN.parquet``, each a contiguous range of users in user order, which pyarrow (and
 :func:`study.data.load_prepared`) reads as one table in that order.
 
 Steps:
