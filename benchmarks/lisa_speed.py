@@ -1,14 +1,15 @@
 """LISA against SASRec-SDPA: training step time over the window length N, before and after the histogram rewrite.
 
     python -m benchmarks.lisa_speed [--lengths 64 128 256 512 1024 2048] [--tokens 32768] [--items 3700]
-        [--objective last] [--repeats 3] [--threads 1] [--no-before] [--profile N]
+        [--objective last] [--repeats 3] [--threads 1] [--no-before] [--profile N] [--device cuda]
 
 Each cell times the one training step the trainer runs (:class:`study.train.step.TrainStep`: forward, loss,
 backward, Adam) on random left-aligned windows, each model with its own defaults (SASRec: 2 layers, d = 64,
 SDPA attention; LISA-Base: D = 128, 8 codebooks × 128 codewords, decay 0.1). The batch is scaled so that every
 step holds ``--tokens`` window positions (B = tokens / N, at least 1): the linear-time model's step should
 then stay flat in N while SASRec's grows with its N×N attention. Time is the median of ``--repeats`` steps
-after one warm-up step, on CPU.
+after one warm-up step, on CPU (or ``--device cuda``: there LISA's histogram runs the Triton kernel, which the
+dispatcher picks for CUDA tensors, and the ``before`` rows are skipped).
 
 ``LISA before`` swaps the histogram attention back to the autograd formulation with the blocked-matmul scan
 (:func:`kernels.histogram.naive.autograd_causal_histogram_attention`, what the reference was before the
@@ -49,19 +50,20 @@ def previous_histogram_path() -> Iterator[None]:
         kernels.histogram.naive_causal_histogram_attention = current
 
 
-def step_for(model_name: str, length: int, items: int, objective: str) -> TrainStep:
+def step_for(model_name: str, length: int, items: int, objective: str, device: str = "cpu") -> TrainStep:
     torch.manual_seed(0)
-    model = models.build(model_name, num_items=items, max_len=length)
+    model = models.build(model_name, num_items=items, max_len=length).to(device)
     return TrainStep(model, TrainConfig(objective=objective))
 
 
-def windows(batch: int, length: int, items: int) -> torch.Tensor:
-    return torch.randint(1, items + 1, (batch, length + 1), generator=torch.Generator().manual_seed(length))
+def windows(batch: int, length: int, items: int, device: str = "cpu") -> torch.Tensor:
+    ids = torch.randint(1, items + 1, (batch, length + 1), generator=torch.Generator().manual_seed(length))
+    return ids.to(device)
 
 
 def time_step(step: TrainStep, batch: torch.Tensor, repeats: int) -> float:
     """Median seconds of ``repeats`` steps after one warm-up step."""
-    step(batch)
+    step(batch).item()
     timings = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -91,7 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-before", action="store_true", help="skip the pre-rewrite LISA rows")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="profile one LISA step at this N")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     args = parser.parse_args(argv)
+    if args.device != "cpu":
+        args.no_before = True  # the pre-rewrite path is a CPU reference: on a GPU the kernel runs instead
     torch.set_num_threads(args.threads)
 
     if args.profile:
@@ -99,10 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for length in args.lengths:
         batch = max(1, args.tokens // length)
-        data = windows(batch, length, args.items)
+        data = windows(batch, length, args.items, args.device)
         row = {"N": length, "B": batch,
-               "sasrec": time_step(step_for("sasrec", length, args.items, args.objective), data, args.repeats),
-               "lisa": time_step(step_for("lisa", length, args.items, args.objective), data, args.repeats)}
+               "sasrec": time_step(step_for("sasrec", length, args.items, args.objective, args.device), data,
+                                   args.repeats),
+               "lisa": time_step(step_for("lisa", length, args.items, args.objective, args.device), data,
+                                 args.repeats)}
         if not args.no_before:
             with previous_histogram_path():
                 row["before"] = time_step(step_for("lisa", length, args.items, args.objective), data, args.repeats)
@@ -111,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
 
     load = os.getloadavg()
-    print(f"\nstep time on CPU ({args.threads} thread(s), objective {args.objective}, {args.items} items, "
+    where = torch.cuda.get_device_name() if args.device != "cpu" else f"CPU, {args.threads} thread(s)"
+    print(f"\nstep time on {where} (objective {args.objective}, {args.items} items, "
           f"{args.tokens} positions per step); load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} "
           f"on {os.cpu_count()} CPUs\n")
     before = "" if args.no_before else " LISA before (ms) | before / SASRec | speed-up |"

@@ -85,12 +85,13 @@ class PlainSASRec(nn.Module):
     def forward(self, items: torch.Tensor) -> torch.Tensor:
         """(B, L) left-padded item ids -> (B, L, d); the newest item always sits at position ``max_len - 1``."""
         length = items.shape[1]
-        positions = torch.arange(self.positions.num_embeddings - length, self.positions.num_embeddings)
+        positions = torch.arange(self.positions.num_embeddings - length, self.positions.num_embeddings,
+                                 device=items.device)
         x = self.embed_drop(self.embed_norm(self.items(items) + self.positions(positions)))
         real = items > 0
-        causal = torch.ones(length, length, dtype=torch.bool).tril()
+        causal = torch.ones(length, length, dtype=torch.bool, device=items.device).tril()
         # a padded query sees itself, so its softmax row is never all -inf (its output is never scored)
-        allowed = (real[:, None, None, :] & causal) | torch.eye(length, dtype=torch.bool)
+        allowed = (real[:, None, None, :] & causal) | torch.eye(length, dtype=torch.bool, device=items.device)
         for block in self.blocks:
             x = block(x, allowed)
         return self.final_norm(x) * real.unsqueeze(-1)

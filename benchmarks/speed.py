@@ -18,7 +18,11 @@ Rows, each timed on ml-100k's prepared training windows (one left-padded window 
   row under a steady load only (the load is printed with its epochs).
 - ``ours, before`` (``--before``): ours with the attention mask rebuilt in every layer, as it was before it was
   built once per forward (same results);
-- ``ours, compiled`` (``--compile``): ours after ``torch.compile``; the compile time is printed on its own.
+- ``ours, compiled`` (``--compile``): ours after ``torch.compile``; the compile time is printed on its own;
+- ``ours, bf16 autocast`` (``--device cuda`` only): ours with ``precision=bf16``.
+
+``--device cuda`` runs every row (pmixer's too) on the GPU; the roof is then an 8192³ fp32 matmul without TF32
+(what the eager fp32 step computes), and a bf16 one is printed beside it.
 
 Every implementation gets one warm-up epoch, then ``--rounds`` rounds in which each in-process row runs one epoch
 in turn (so load changes hit all rows alike); the table gives the median. ``--steps N`` times N steps per round
@@ -66,6 +70,7 @@ from study.train.step import TrainStep
 from study.train.trainer import EpochReport, TrialData, run_trial, user_batches
 
 TARGET_NDCG = 0.041
+CPU = torch.device("cpu")
 
 
 @dataclass
@@ -93,15 +98,18 @@ def step_gflop(shape: Shape, batch: np.ndarray) -> float:
     return 3 * forward / 1e9
 
 
-def matmul_peak_gflops(threads: int, size: int = 2048, repeats: int = 5) -> float:
-    """fp32 GFLOP/s of a large square matmul on ``threads`` threads: the compute roof of this machine's share."""
+def matmul_peak_gflops(threads: int, device: torch.device = CPU, dtype: torch.dtype = torch.float32,
+                       repeats: int = 5) -> float:
+    """GFLOP/s of a large square matmul: on a CPU fp32 on ``threads`` threads (2048³, the compute roof of this
+    machine's share), on a GPU 8192³ in ``dtype`` (fp32 without TF32, as the eager fp32 step computes)."""
     torch.set_num_threads(threads)
-    a, b = torch.randn(size, size), torch.randn(size, size)
+    size = 8192 if device.type == "cuda" else 2048
+    a, b = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
     a @ b
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        a @ b
+        (a @ b).sum().item()  # .item() waits for the device
         times.append(time.perf_counter() - start)
     return 2 * size ** 3 / min(times) / 1e9
 
@@ -109,8 +117,9 @@ def matmul_peak_gflops(threads: int, size: int = 2048, repeats: int = 5) -> floa
 class Row:
     """One in-process implementation: a step function over the epoch's batches, timed per round."""
 
-    def __init__(self, label: str, step, shape: Shape, data: TrialData, batch_size: int, steps: int, seed: int):
-        self.label, self.step, self.shape = label, step, shape
+    def __init__(self, label: str, step, shape: Shape, data: TrialData, batch_size: int, steps: int, seed: int,
+                 device: torch.device = CPU):
+        self.label, self.step, self.shape, self.device = label, step, shape, device
         self.batches = [w for w, _ in user_batches(data.train, batch_size, np.random.default_rng(seed))]
         self.steps_per_epoch = len(self.batches)
         self.steps = steps or len(self.batches)
@@ -120,22 +129,26 @@ class Row:
     def run(self, record: bool = True) -> float:
         start = time.perf_counter()
         for index in range(self.steps):
-            self.step(torch.as_tensor(self.batches[index % len(self.batches)], dtype=torch.long)).item()
+            # as the trainer does: the batch goes to the device each step, and .item() waits for the step
+            self.step(torch.as_tensor(self.batches[index % len(self.batches)], dtype=torch.long,
+                                      device=self.device)).item()
         seconds = (time.perf_counter() - start) * self.steps_per_epoch / self.steps
         if record:
             self.times.append(seconds)
         return seconds
 
 
-def our_step(data: TrialData, args: argparse.Namespace, pmixer_config: bool = False, compile_model: bool = False):
+def our_step(data: TrialData, args: argparse.Namespace, pmixer_config: bool = False, compile_model: bool = False,
+             precision: str = "fp32"):
     torch.manual_seed(args.seed)
     hparams = dict(num_items=data.num_items, max_len=args.max_len, dropout=args.dropout, attn_dropout=args.dropout)
     objective = "causal"
     if pmixer_config:
         hparams.update(hidden_size=50, num_heads=1, inner_size=50, activation="relu", ffn_inner_dropout=True)
         objective = "bce"
-    model = models.build("sasrec", **hparams)
-    step = TrainStep(model, TrainConfig(objective=objective, seed=args.seed), compile_model=compile_model)
+    model = models.build("sasrec", **hparams).to(args.device)
+    step = TrainStep(model, TrainConfig(objective=objective, seed=args.seed, compile=compile_model,
+                                        precision=precision))
     cfg = model.config
     shape = Shape(cfg.hidden_size, cfg.num_heads, cfg.inner_size, cfg.num_layers, data.num_items,
                   1 if objective == "bce" else None)
@@ -165,7 +178,7 @@ def before_step(data: TrialData, args: argparse.Namespace):
 
 def plain_step(data: TrialData, args: argparse.Namespace):
     torch.manual_seed(args.seed)
-    model = PlainSASRec(data.num_items, args.max_len, dropout=args.dropout)
+    model = PlainSASRec(data.num_items, args.max_len, dropout=args.dropout).to(args.device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
 
     def step(windows: torch.Tensor) -> torch.Tensor:
@@ -193,13 +206,14 @@ def write_pmixer_dataset(data_path: Path, folder: Path, name: str) -> None:
 
 def time_pmixer(checkout: Path, data_path: Path, args: argparse.Namespace) -> list[float]:
     """Seconds of each pmixer epoch after its first, read from when its last loss line of each epoch appears."""
-    script = checkout / "python" / "main.py"
+    script = checkout.resolve() / "python" / "main.py"  # it runs from a temporary folder
     if not script.is_file():
         raise SystemExit(f"--pmixer {checkout}: no python/main.py there (expected a SASRec.pytorch checkout)")
     with tempfile.TemporaryDirectory(prefix="pmixer-") as folder:
         write_pmixer_dataset(data_path, Path(folder), "ml100k")
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
-        command = [sys.executable, "-u", str(script), "--dataset=ml100k", "--train_dir=speed", "--device=cpu",
+        command = [sys.executable, "-u", str(script), "--dataset=ml100k", "--train_dir=speed",
+                   f"--device={args.device.type}",
                    f"--maxlen={args.max_len}", f"--dropout_rate={args.dropout}",
                    f"--num_epochs={args.pmixer_epochs + 1}"]
         last_line_at: dict[int, float] = {}
@@ -242,7 +256,8 @@ class QualityReached(Exception):
     pass
 
 
-def time_to_quality(data: TrialData, threads: int, budget_s: float) -> tuple[float | None, float, int]:
+def time_to_quality(data: TrialData, threads: int, budget_s: float, device: torch.device = CPU,
+                    precision: str = "fp32") -> tuple[float | None, float, int]:
     """(wall seconds when the reported test NDCG@10 first reaches the target or None, best test NDCG@10, epochs)."""
     reports: list[EpochReport] = []
 
@@ -252,8 +267,8 @@ def time_to_quality(data: TrialData, threads: int, budget_s: float) -> tuple[flo
             raise QualityReached
 
     try:
-        run_trial("sasrec", data, {"num_threads": threads, "time_budget_s": budget_s, "measure_efficiency": False},
-                  callback=watch)
+        run_trial("sasrec", data, {"num_threads": threads, "time_budget_s": budget_s, "measure_efficiency": False,
+                                   "device": str(device), "precision": precision}, callback=watch)
     except QualityReached:
         return reports[-1].wall_time_s, reports[-1].best_test["ndcg@10"], len(reports)
     best = max((r.best_test.get("ndcg@10", 0.0) for r in reports), default=float("nan"))
@@ -279,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-len", type=int, default=200)
     parser.add_argument("--dropout", type=float, default=0.2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", type=torch.device, default=CPU,
+                        help="cpu (default) or cuda: on cuda a bf16-autocast row of ours is added")
     parser.add_argument("--rounds", type=int, default=3, help="timed epochs per row after one warm-up epoch")
     parser.add_argument("--steps", type=int, default=0, help="time this many steps per round (0 = a whole epoch)")
     parser.add_argument("--batch-size", type=int, default=128)
@@ -294,26 +311,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true",
                         help="also print where each in-process row's step time goes, by operator")
     args = parser.parse_args(argv)
+    if args.profile and args.device.type != "cpu":
+        parser.error("--profile reads CPU operator times: use it with --device cpu")
 
     data_path = prepared_ml100k(args)
     data = TrialData.from_prepared(data_path, args.max_len)
     torch.set_num_threads(args.threads)
+    on_gpu = args.device.type == "cuda"
+    where = torch.cuda.get_device_name(args.device) if on_gpu else f"{args.threads} threads"
     print(f"ml-100k: {len(data.train)} users, {data.num_items} items, L = {args.max_len}, dropout {args.dropout}, "
-          f"{args.threads} threads; {load_text()}", flush=True)
-    peak = matmul_peak_gflops(args.threads)
-    print(f"measured peak: {peak:.1f} GFLOP/s (fp32 2048³ matmul, {args.threads} threads)", flush=True)
+          f"{where}; {load_text()}", flush=True)
+    peak = matmul_peak_gflops(args.threads, args.device)
+    print(f"measured peak: {peak:.1f} GFLOP/s (fp32 matmul, {where})", flush=True)
+    if on_gpu:
+        print(f"measured bf16 peak: {matmul_peak_gflops(args.threads, args.device, torch.bfloat16):.1f} GFLOP/s",
+              flush=True)
 
-    rows = [Row("ours", *our_step(data, args), data, args.batch_size, args.steps, args.seed),
-            Row("plain", *plain_step(data, args), data, args.batch_size, args.steps, args.seed),
-            Row("ours, pmixer's config (bce, d=50, 1 head)", *our_step(data, args, pmixer_config=True),
-                data, args.batch_size, args.steps, args.seed)]
+    def row(label: str, made: tuple, steps: int = args.steps) -> Row:
+        return Row(label, *made, data, args.batch_size, steps, args.seed, args.device)
+
+    rows = [row("ours", our_step(data, args)), row("plain", plain_step(data, args)),
+            row("ours, pmixer's config (bce, d=50, 1 head)", our_step(data, args, pmixer_config=True))]
+    if on_gpu:
+        rows.insert(1, row("ours, bf16 autocast", our_step(data, args, precision="bf16")))
     if args.before:
-        rows.insert(1, Row("ours, before (one mask per layer)", *before_step(data, args), data, args.batch_size,
-                           args.steps, args.seed))
+        rows.insert(1, row("ours, before (one mask per layer)", before_step(data, args)))
     compile_s = None
     if args.compile:
-        compiled = Row("ours, compiled", *our_step(data, args, compile_model=True), data, args.batch_size, 1,
-                       args.seed)
+        compiled = row("ours, compiled", our_step(data, args, compile_model=True), steps=1)
         start = time.perf_counter()
         compiled.run(record=False)  # the first step compiles
         compile_s = time.perf_counter() - start
@@ -334,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # the roof as measured at the start and again now: on a shared machine the load moves in between, and the
     # larger of the two is the closer estimate of what this share of the CPU can do
-    peak_after = matmul_peak_gflops(args.threads)
+    peak_after = matmul_peak_gflops(args.threads, args.device)
     print(f"measured peak again: {peak_after:.1f} GFLOP/s; {load_text()}", flush=True)
     peak = max(peak, peak_after)
     ours = statistics.median(rows[0].times)
@@ -363,13 +388,13 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.time_to_quality:
         seconds, best, epochs = time_to_quality(data if args.max_len == 200 else TrialData.from_prepared(
-            data_path, 200), args.threads, args.ttq_budget)
+            data_path, 200), args.threads, args.ttq_budget, args.device)
         if seconds is None:
             print(f"time to quality: test NDCG@10 {best:.4f} < {TARGET_NDCG} after {epochs} epochs "
                   f"within {args.ttq_budget:.0f} s; {load_text()}")
         else:
             print(f"time to quality: test NDCG@10 {best:.4f} >= {TARGET_NDCG} after {seconds:.1f} s "
-                  f"({epochs} epochs, defaults, {args.threads} threads); {load_text()}")
+                  f"({epochs} epochs, defaults, {where}); {load_text()}")
     return 0
 
 

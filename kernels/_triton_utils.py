@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 
 from ._dispatch import interpreter_enabled
 
+AUTOTUNE_ENV = "SEQREC_TRITON_AUTOTUNE"
+
 
 def gpu_tuning() -> bool:
-    """Autotune only on a real GPU: the interpreter cannot benchmark (and several configs break it)."""
-    return torch.cuda.is_available() and not interpreter_enabled()
+    """Autotune only on a real GPU: the interpreter cannot benchmark (and several configs break it).
+    ``$SEQREC_TRITON_AUTOTUNE=0`` compiles the first config alone on a GPU too: the GPU test run sets it, since
+    every test shape would otherwise compile every config (about 10 s a test on an H100)."""
+    wanted = os.environ.get(AUTOTUNE_ENV, "1").lower() not in ("0", "false", "no", "off")
+    return wanted and torch.cuda.is_available() and not interpreter_enabled()
 
 
 def autotune(configs: list[triton.Config], key: list[str]):
-    """``triton.autotune`` over ``configs`` on GPU, and over ``configs[0]`` alone otherwise."""
+    """``triton.autotune`` over ``configs`` on GPU, and over ``configs[0]`` alone otherwise (see gpu_tuning)."""
     return triton.autotune(configs=configs if gpu_tuning() else configs[:1], key=key)
 
 

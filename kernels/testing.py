@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 
-def left_padding_mask(batch: int, seq_len: int, n_pad: list[int] | None = None, device="cpu") -> torch.Tensor:
+def left_padding_mask(batch: int, seq_len: int, n_pad: list[int] | None = None, device=None) -> torch.Tensor:
     """(B, N) bool, True = real item; row b has ``n_pad[b]`` padded positions on the left."""
     if n_pad is None:
         n_pad = [(b * seq_len) // (2 * max(batch, 1)) for b in range(batch)]  # 0, N/4, ... padded
@@ -18,7 +18,7 @@ def left_padding_mask(batch: int, seq_len: int, n_pad: list[int] | None = None, 
     return pos[None, :] >= torch.tensor(n_pad, device=device)[:, None]
 
 
-def cosine_inputs(B, H, N, d, dv=None, dtype=torch.float32, device="cpu", n_pad=None, requires_grad=True):
+def cosine_inputs(B, H, N, d, dv=None, dtype=torch.float32, device=None, n_pad=None, requires_grad=True):
     """Raw q, k, v (B, H, N, d/dv), mask (B, N) and m (H,) for :func:`kernels.cosine_attention`."""
     dv = d if dv is None else dv
     q = torch.randn(B, H, N, d, device=device, dtype=dtype)
@@ -32,7 +32,7 @@ def cosine_inputs(B, H, N, d, dv=None, dtype=torch.float32, device="cpu", n_pad=
     return q, k, v, mask, m
 
 
-def linear_inputs(B, H, N, d, dv=None, dtype=torch.float32, device="cpu", n_pad=None, requires_grad=True):
+def linear_inputs(B, H, N, d, dv=None, dtype=torch.float32, device=None, n_pad=None, requires_grad=True):
     """Raw projections (q, k, v) and the padding mask; :func:`feature_map` turns them into kernel inputs."""
     dv = d if dv is None else dv
     q = torch.randn(B, H, N, d, device=device, dtype=dtype)
@@ -51,7 +51,7 @@ def feature_map(q, k, v, mask):
 
 
 def histogram_inputs(
-    B, N, C, W, D, dtype=torch.float32, device="cpu", n_pad=None, soft=False, temperature=0.7,
+    B, N, C, W, D, dtype=torch.float32, device=None, n_pad=None, soft=False, temperature=0.7,
     requires_grad=True,
 ):
     """LISA inputs: straight-through one-hot (or softmax) assignments zeroed at padding, hard query codes,
@@ -92,5 +92,5 @@ def assert_close_rel(actual: torch.Tensor, expected: torch.Tensor, tol: float, w
 def output_grads(out: torch.Tensor, inputs: tuple[torch.Tensor, ...], seed: int = 0) -> tuple[torch.Tensor, ...]:
     """Gradients of ``inputs`` for a seeded random output gradient: compares backward passes of two implementations."""
     generator = torch.Generator().manual_seed(seed)
-    upstream = torch.randn(out.shape, generator=generator).to(out.dtype)
+    upstream = torch.randn(out.shape, generator=generator, device="cpu").to(out.device, out.dtype)
     return torch.autograd.grad(out, inputs, upstream, retain_graph=True)

@@ -20,6 +20,7 @@ EVAL_MODES = ("full", "sampled")
 NEGATIVE_SAMPLERS = ("uniform", "popularity")
 METRIC_KS = (5, 10, 20)
 SELECTION_METRIC = "ndcg@10"
+PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 @dataclass
@@ -51,6 +52,10 @@ class TrainConfig:
     num_threads: int = 0  # 0 = leave torch's default; Ray trials set it to their CPU share
     eval_batch_size: int = 256
     measure_efficiency: bool = True
+    # CUDA only (a CPU trial stays fp32 and eager): bf16/fp16 autocast of the forward pass and loss, and
+    # torch.compile of the model. Both change the arithmetic, so both are recorded and off by default.
+    precision: str = "fp32"
+    compile: bool = False
     # drop the leading columns that are padding in every row of a batch (training, evaluation, latency): the same
     # results at real items, less compute; False runs full max_len windows, for the equality test and debugging
     trim_padding: bool = True
@@ -79,6 +84,8 @@ class TrainConfig:
                 errors.append((key, f"must be >= 0, got {getattr(self, key)}"))
         if self.lr <= 0:
             errors.append(("lr", f"must be > 0, got {self.lr}"))
+        if self.precision not in PRECISIONS:
+            errors.append(("precision", f"must be one of {PRECISIONS}, got {self.precision!r}"))
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             errors.append(("device", f"must be auto, cpu or cuda[:N], got {self.device!r}"))
         return errors

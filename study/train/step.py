@@ -13,15 +13,12 @@ import torch
 
 import models
 from models import SeqRecModel
-from study.train.config import TrainConfig
+from study.train.config import PRECISIONS, TrainConfig
 from study.train.objectives import NegativeSampler, objective_loss, resolve_objective
 
 
 class NonFiniteLoss(FloatingPointError):
     """A training loss that is NaN or infinite: the trial cannot go on."""
-
-
-PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 class TrainStep:
@@ -30,20 +27,20 @@ class TrainStep:
     Calling it with a (B, L + 1) batch of windows returns the step's loss as a detached tensor; the caller decides
     when to synchronise with ``.item()`` (once per step in the trainer, never inside the timed scaling cells).
 
-    Two options change the arithmetic, hence the results, so both are off by default:
+    Two settings of ``train`` change the arithmetic, hence the results, so both are off by default:
     - ``precision``: ``bf16``/``fp16`` run the forward pass and the loss under CUDA autocast (fp16 with a gradient
       scaler); on a CPU model they are ignored and the step stays fp32 (CPU autocast is slower than fp32 on the
       machines this study runs on, and bf16 matmuls there lose accuracy for nothing);
-    - ``compile_model``: ``torch.compile`` the model in place (``nn.Module.compile``: the state_dict keys stay the
-      same). Inductor draws its own dropout random numbers, so a compiled run is not the eager run's twin.
+    - ``compile``: ``torch.compile`` the model in place (``nn.Module.compile``: the state_dict keys stay the
+      same). Inductor draws its own dropout random numbers, so a compiled run is not the eager run's twin; on a
+      CPU its first step compiles for minutes (``python -m benchmarks.speed --compile`` measures it).
     """
 
-    def __init__(self, model: SeqRecModel, train: TrainConfig, item_popularity: np.ndarray | None = None, *,
-                 precision: str = "fp32", compile_model: bool = False) -> None:
+    def __init__(self, model: SeqRecModel, train: TrainConfig, item_popularity: np.ndarray | None = None) -> None:
         """``item_popularity`` (num_items + 1 training counts) is read only by ``sampled_ce`` with the popularity
         sampler, which refuses to run without it."""
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        if train.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {train.precision!r}")
         self.model = model
         self.train = train
         self.objective = resolve_objective(model, train.objective)
@@ -56,10 +53,10 @@ class TrainStep:
             self.sampler = NegativeSampler(model.config.num_items, train.train_negatives,
                                            train.train_negative_sampler, item_popularity)
         on_cuda = next(model.parameters()).is_cuda
-        self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision) if on_cuda else None
+        self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(train.precision) if on_cuda else None
         # fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range and needs none
         self.scaler = torch.amp.GradScaler("cuda") if self.autocast_dtype is torch.float16 else None
-        if compile_model:
+        if train.compile:
             model.compile()
 
     def __call__(self, windows: torch.Tensor, *, check_finite: bool = False,

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import kernels
 import models
 from models import ConfigError, SeqRecModel
 from study.errors import UserError, print_error
@@ -185,6 +186,7 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
     seed_everything(train_cfg.seed)
 
     model = models.build(model_name, **model_hparams).to(device)
+    kernels.reset_backend_record()  # the row's kernel_path names this trial's kernels, not an earlier trial's
     step = TrainStep(model, train_cfg, item_popularity=data.item_popularity)
     objective = step.objective
     rng = np.random.default_rng(train_cfg.seed)

@@ -94,7 +94,7 @@ def test_pmixer_is_fed_its_format_and_timed_from_its_output(synthetic_lastfm_pre
         "    for step in range(2):\n"
         "        time.sleep(0.05 * epoch)\n"
         "        print(f'loss in epoch {epoch} iteration {step}: 0.5')\n")
-    args = argparse.Namespace(threads=1, max_len=50, dropout=0.2, pmixer_epochs=2)
+    args = argparse.Namespace(threads=1, max_len=50, dropout=0.2, pmixer_epochs=2, device=torch.device("cpu"))
     epochs = time_pmixer(checkout, synthetic_lastfm_prepared, args)
     assert len(epochs) == 2
     assert epochs[0] == pytest.approx(0.2, abs=0.15) and epochs[1] > epochs[0]

@@ -80,17 +80,17 @@ def test_mixed_precision_leaves_a_cpu_step_in_fp32():
     losses = {}
     for precision in ("fp32", "bf16", "fp16"):
         torch.manual_seed(0)
-        step = TrainStep(models.build("sasrec", num_items=30, max_len=10), TrainConfig(), precision=precision)
+        step = TrainStep(models.build("sasrec", num_items=30, max_len=10), TrainConfig(precision=precision))
         assert step.autocast_dtype is None and step.scaler is None
         losses[precision] = [step(windows(30, 10)).item() for _ in range(3)]
     assert losses["bf16"] == losses["fp32"] == losses["fp16"]
     with pytest.raises(ValueError, match="precision"):
-        TrainStep(models.build("sasrec", num_items=30, max_len=10), TrainConfig(), precision="int8")
+        TrainStep(models.build("sasrec", num_items=30, max_len=10), TrainConfig(precision="int8"))
 
 
 def test_compile_option_keeps_the_state_dict_keys():
     """``nn.Module.compile`` compiles in place: checkpoints and exports keep their keys (no ``_orig_mod.``)."""
     model = models.build("sasrec", num_items=30, max_len=10)
     keys = list(model.state_dict())
-    TrainStep(model, TrainConfig(), compile_model=True)
+    TrainStep(model, TrainConfig(compile=True))
     assert list(model.state_dict()) == keys

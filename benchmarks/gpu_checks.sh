@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The checks and figures that need a CUDA GPU, in one go. CI has no GPU, so run this by hand on one:
+#
+#     bash benchmarks/gpu_checks.sh ML100K_DIR [--pmixer PATH] [--out DIR] [--part tests|speed|all]
+#
+# tests: the Triton kernels compiled (outputs and gradients against the torch references), every zoo model
+#        training under fp32/bf16/fp16 on CUDA, and the kernel micro-benchmark;
+# speed: the SASRec epoch (ours, plain, pmixer's when given, bf16, compiled) and the time to quality, and LISA
+#        against SASRec over the window length, all on the GPU.
+# Each step's output is kept in OUT/<step>.log (default gpu-checks/); a failing step does not stop the others,
+# and the exit status counts the failed steps.
+set -u
+ml100k=${1:?usage: bash benchmarks/gpu_checks.sh ML100K_DIR [--pmixer PATH] [--out DIR] [--part tests|speed|all]}
+shift
+pmixer="" out="gpu-checks" part="all"
+while [ $# -gt 0 ]; do
+  case $1 in
+    --pmixer) pmixer=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --part) part=$2; shift 2 ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
+  || { echo "error: no CUDA GPU visible to torch" >&2; exit 2; }
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+failed=0
+step() {  # step NAME COMMAND...: run, keep the log, count a failure
+  local name=$1; shift
+  echo "== $name: $*"
+  local started=$SECONDS
+  "$@" > "$out/$name.log" 2>&1
+  local status=$?
+  tail -n "${TAIL:-25}" "$out/$name.log"
+  echo "== $name: exit $status after $((SECONDS - started)) s"
+  [ $status -eq 0 ] || failed=$((failed + 1))
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+if [ "$part" != speed ]; then
+  # every kernel test shape compiles its kernels (~8 s a test on an H100): spread them over the cores
+  parallel=()
+  python -c "import xdist" 2>/dev/null && parallel=(-n "$(nproc)")
+  step kernel-tests python -m pytest tests/kernels -q -p no:cacheprovider "${parallel[@]}"
+  step device-tests python -m pytest tests/models/test_devices.py -q -p no:cacheprovider
+  step kernel-bench python -m benchmarks.kernels
+fi
+if [ "$part" != tests ]; then
+  pmixer_args=()
+  [ -n "$pmixer" ] && pmixer_args=(--pmixer "$pmixer")
+  step speed python -m benchmarks.speed --device cuda --source "$ml100k" --rounds 5 --compile --time-to-quality \
+    --ttq-budget 240 "${pmixer_args[@]}"
+  step lisa-speed python -m benchmarks.lisa_speed --device cuda --lengths 64 128 256 512 1024 2048 4096 --repeats 10
+fi
+echo "failed steps: $failed"
+exit $failed
