@@ -10,6 +10,7 @@ in every row of a batch), so positions count from the newest item: it always get
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -73,9 +74,16 @@ def attention_mask(valid: torch.Tensor, causal: bool) -> torch.Tensor:
 
 
 # The mask of the last `valid` tensor seen, per (causal, additive): every layer of one forward pass reads the same
-# `valid` object, so the (B, 1, L, L) mask is built once per forward instead of once per layer. The entry holds a
-# reference to `valid` itself, so an identity match can never be a freed tensor's reused memory.
-_LAST_MASK: dict[tuple[bool, bool], tuple[torch.Tensor, int, torch.Tensor]] = {}
+# `valid` object, so the (B, 1, L, L) mask is built once per forward instead of once per layer. The entry refers to
+# `valid` weakly and is dropped when `valid` is freed, so no mask outlives its forward pass (at B = 128, L = 200 a
+# float mask is 20 MB) and an identity match can never be a freed tensor's reused memory.
+_LAST_MASK: dict[tuple[bool, bool], tuple[weakref.ref, int, torch.Tensor]] = {}
+
+
+def _forget_mask(key: tuple[bool, bool], mask_id: int) -> None:
+    entry = _LAST_MASK.get(key)
+    if entry is not None and id(entry[2]) == mask_id:  # a newer forward's entry stays
+        del _LAST_MASK[key]
 
 
 def shared_attention_mask(valid: torch.Tensor, causal: bool, additive: bool = False) -> torch.Tensor:
@@ -90,12 +98,13 @@ def shared_attention_mask(valid: torch.Tensor, causal: bool, additive: bool = Fa
         return torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, float("-inf")) if additive else mask
     key = (causal, additive)
     cached = _LAST_MASK.get(key)
-    if cached is not None and cached[0] is valid and cached[1] == valid._version:
+    if cached is not None and cached[0]() is valid and cached[1] == valid._version:
         return cached[2]
     mask = attention_mask(valid, causal)
     if additive:
         mask = torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, float("-inf"))
-    _LAST_MASK[key] = (valid, valid._version, mask)
+    _LAST_MASK[key] = (weakref.ref(valid), valid._version, mask)
+    weakref.finalize(valid, _forget_mask, key, id(mask))
     return mask
 
 

@@ -3,6 +3,9 @@ one mask per layer, and the mixed-precision option leaves a CPU step in fp32."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -51,6 +54,17 @@ def test_mask_built_once_per_forward_gives_the_same_outputs_and_gradients(monkey
         slow_out, slow_grad = run()
     torch.testing.assert_close(fast_out, slow_out, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(fast_grad, slow_grad, atol=1e-6, rtol=1e-6)
+
+
+def test_no_shared_mask_outlives_its_valid_tensor():
+    """The mask of one forward is not kept until the next one: it goes with the ``valid`` tensor it was built from."""
+    valid = torch.ones(4, 6, dtype=torch.bool)
+    mask = blocks.shared_attention_mask(valid, causal=True, additive=True)
+    watcher = weakref.ref(mask)
+    assert blocks._LAST_MASK
+    del valid, mask
+    gc.collect()
+    assert watcher() is None and (True, True) not in blocks._LAST_MASK
 
 
 def test_shared_mask_is_rebuilt_for_another_or_modified_valid_tensor():
