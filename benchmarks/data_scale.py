@@ -1,6 +1,6 @@
 """Preparation time and peak memory of the pandas and the Ray engine as the dataset grows.
 
-    python -m benchmarks.data_scale [--sizes 1M,10M] [--engines pandas,ray] [--length 50] [--max-gb 8]
+    python -m benchmarks.data_scale [--sizes 1M,10M] [--engines pandas,ray] [--length 50] [--max-gb 8] [--epochs]
 
 For each size, the synthetic generator writes that many interactions (about: lengths are random) as Parquet shards
 (:func:`study.data.synthetic.write_shards`, not timed), and each engine prepares them with the ``parquet``
@@ -16,6 +16,12 @@ A first row, ``ray idle``, measures a Ray that starts and waits 5 s: the floor u
 
 A run whose tree's PSS goes over ``--max-gb`` is stopped and shown as such: the largest size an engine reaches
 within that budget. Both engines' meta.json statistics are compared where both finish (they must agree).
+
+``--epochs`` also reads one epoch of training batches (128 windows of 50 items, no model) from the last engine's
+prepared dataset in a fresh process, as a trial would: ``memory`` loads every window (the trial's
+:class:`~study.train.trainer.TrialData`) and shuffles them in place, ``stream`` keeps the evaluation windows and a
+1,024-window sample, and draws the training windows from the Parquet through Ray Data (a sweep's
+``dataset: {stream: true}``, on a 2-CPU Ray). It reports windows per second and the process tree's peak memory.
 """
 
 from __future__ import annotations
@@ -114,12 +120,55 @@ def run_retried(command: list[str], env: dict[str, str], limit_bytes: int, tries
     return result
 
 
+def epoch_of(prepared: Path, mode: str, batch_size: int = 128, max_len: int = 50) -> dict:
+    """One epoch of a trial's training batches from ``prepared``, without a model: windows, load and read seconds."""
+    import numpy as np
+
+    from study.train.trainer import TrialData, user_batches
+
+    began = time.perf_counter()
+    if mode == "memory":
+        data = TrialData.from_prepared(prepared, max_len)
+        loaded = time.perf_counter()
+        batches = user_batches(data.train, batch_size, np.random.default_rng(0))
+    else:
+        import ray
+
+        from study.search.runner import STREAM_SAMPLE_ROWS, STREAM_SHUFFLE_ROWS, _streamed_dataset, _training_table
+        from study.search.trial import ray_data_batches
+
+        data = TrialData.from_prepared(prepared, max_len, train_rows=STREAM_SAMPLE_ROWS)
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        loaded = time.perf_counter()
+        dataset = _streamed_dataset(_training_table(prepared, True))
+        batches = ray_data_batches(dataset, batch_size, 0, max_len, STREAM_SHUFFLE_ROWS)(1)
+    windows = sum(len(batch) for batch, _ in batches)
+    return {"windows": windows, "load_s": loaded - began, "epoch_s": time.perf_counter() - loaded}
+
+
 def _stats(cache: Path) -> dict:
     (folder,) = [p for p in (cache / "prepared").iterdir() if not p.name.startswith(".")]
     meta = json.loads((folder / "meta.json").read_text())
     for key in ("created",):
         meta.pop(key)
     return meta
+
+
+def _time_epochs(size: int, cache: Path, env: dict[str, str], max_gb: float) -> list[tuple]:
+    """One epoch read in memory and streamed from the dataset prepared in ``cache``, each in a fresh process."""
+    (prepared,) = [p for p in (cache / "prepared").iterdir() if not p.name.startswith(".")]
+    found = []
+    for mode in ("memory", "stream"):
+        command = [sys.executable, "-m", "benchmarks.data_scale", "--epoch-of", str(prepared), mode]
+        result = run_retried(command, env, int(max_gb * 2**30))
+        figures = json.loads(result["stdout"].strip().splitlines()[-1]) if result["rc"] == 0 else None
+        status = "ok" if figures else ("stopped" if result["over"] else
+                                       f"failed: {result['stderr'].strip().splitlines()[-1:]}")
+        found.append((size, mode, result, figures, status))
+        if figures:
+            print(f"{size:>12,} epoch {mode:<7} {figures['windows']:,} windows in {figures['epoch_s']:.1f} s "
+                  f"(load {figures['load_s']:.1f} s), PSS {result['pss'] / 2**30:.2f} GB", file=sys.stderr, flush=True)
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,13 +179,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--items-per", type=int, default=200, help="interactions per item (items = size / this)")
     parser.add_argument("--max-gb", type=float, default=8.0, help="stop a run whose process tree's PSS exceeds this")
     parser.add_argument("--workdir", type=Path, help="where shards and caches go (default: a temporary folder)")
+    parser.add_argument("--epochs", action="store_true", help="also time one epoch in memory and streamed")
+    parser.add_argument("--epoch-of", nargs=2, metavar=("PREPARED", "MODE"), help=argparse.SUPPRESS)  # a child run
     args = parser.parse_args(argv)
+    if args.epoch_of:
+        print(json.dumps(epoch_of(Path(args.epoch_of[0]), args.epoch_of[1])))
+        return 0
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     engines = [e.strip() for e in args.engines.split(",")]
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="data-scale-"))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
 
-    rows = []
+    rows, epochs = [], []
     if "ray" in engines:
         # What a started Ray occupies before any data: the floor under the Ray engine's figures
         idle = [sys.executable, "-c", "import time, ray; ray.init(include_dashboard=False); time.sleep(5)"]
@@ -166,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
                     status = "ok"
                 interactions = metas.get(engine, {}).get("raw", {}).get("interactions")
                 rows.append((size, interactions, engine, result, generated, status))
+                if args.epochs and status == "ok" and engine == engines[-1]:
+                    epochs.extend(_time_epochs(size, cache, env, args.max_gb))
                 shutil.rmtree(cache, ignore_errors=True)
                 print(f"{size:>12,} {engine:<7} {result['seconds']:8.1f} s  PSS {result['pss'] / 2**30:6.2f} GB  "
                       f"RSS {result['rss'] / 2**30:6.2f} GB  {status}", file=sys.stderr, flush=True)
@@ -187,6 +243,17 @@ def main(argv: list[str] | None = None) -> int:
         target = f"{size / 1e6:g}M" if size else "-"
         print(f"{target:>8} {count:>13} {engine:<8} {result['seconds']:>9.1f} {result['pss'] / 2**30:>11.2f} "
               f"{result['rss'] / 2**30:>11.2f} {generated:>6.1f}  {status}")
+    if epochs:
+        print(f"\n{'target':>8} {'epoch':<7} {'windows':>10} {'load s':>7} {'epoch s':>8} {'windows/s':>10} "
+              f"{'peak PSS GB':>11}  status")
+        for size, mode, result, figures, status in epochs:
+            if figures:
+                print(f"{size / 1e6:>7g}M {mode:<7} {figures['windows']:>10,} {figures['load_s']:>7.1f} "
+                      f"{figures['epoch_s']:>8.1f} {figures['windows'] / figures['epoch_s']:>10,.0f} "
+                      f"{result['pss'] / 2**30:>11.2f}  {status}")
+            else:
+                print(f"{size / 1e6:>7g}M {mode:<7} {'-':>10} {'-':>7} {'-':>8} {'-':>10} "
+                      f"{result['pss'] / 2**30:>11.2f}  {status}")
     return 0
 
 

@@ -165,16 +165,17 @@ def _print_dashboard(context: Any, address: str) -> None:
               "port-forward`, never expose it publicly (it runs code for whoever reaches it)")
 
 
-def check_fits(cpu: float, gpu: float, workers: int = 1, what: str = "trial") -> int:
+def check_fits(cpu: float, gpu: float, workers: int = 1, what: str = "trial", spare_cpu: float = 0.0) -> int:
     """How many ``what``s fit at once on the connected cluster; a UserError, before any is scheduled, if none does.
 
     Ray would otherwise queue a request no node can satisfy and wait for ever (with an autoscaler: until a node
-    type that has it appears), so a GPU asked of a CPU-only cluster is refused here, up front.
+    type that has it appears), so a GPU asked of a CPU-only cluster is refused here, up front. ``spare_cpu`` CPUs
+    are left out of what the trials may take (Ray Data's tasks run on them).
     """
     import ray
 
     cluster = ray.cluster_resources()
-    have_cpu, have_gpu = float(cluster.get("CPU", 0)), float(cluster.get("GPU", 0))
+    have_cpu, have_gpu = float(cluster.get("CPU", 0)) - spare_cpu, float(cluster.get("GPU", 0))
     if gpu > 0 and have_gpu == 0:
         raise UserError(f"each {what} asks for {gpu * workers:g} GPU (resources.gpu) but the Ray cluster has no GPU "
                         f"({have_cpu:g} CPU on {len(ray.nodes())} node(s)); set resources.gpu: 0 or connect to a "
@@ -183,8 +184,9 @@ def check_fits(cpu: float, gpu: float, workers: int = 1, what: str = "trial") ->
     if gpu > 0:
         fits = min(fits, math.floor(have_gpu / (gpu * workers) + 1e-9))
     if fits < 1:
+        spare = f" besides the {spare_cpu:g} left to Ray Data" if spare_cpu else ""
         raise UserError(f"no {what} fits: each needs {cpu * workers:g} CPU and {gpu * workers:g} GPU, the Ray "
-                        f"cluster has {have_cpu:g} CPU and {have_gpu:g} GPU")
+                        f"cluster has {have_cpu:g} CPU{spare} and {have_gpu:g} GPU")
     return fits
 
 

@@ -97,8 +97,22 @@ def _fixed(table: pa.Table, name: str, num_users: int) -> np.ndarray:
     return column.flatten().to_numpy(zero_copy_only=False, writable=True).reshape(num_users, width)
 
 
-def load_prepared(path: str | Path) -> PreparedDataset:
-    """Load ``<cache>/prepared/<name>-<hash12>/`` as written by :func:`study.data.prepare`."""
+def _first_windows(sequences: Path, rows: int) -> np.ndarray:
+    """The ``train`` windows of the first ``rows`` users, read batch by batch from the file (or the first part of a
+    partitioned folder) instead of the whole column."""
+    first = sequences if sequences.is_file() else sorted(sequences.glob("*.parquet"))[0]
+    batches = pq.ParquetFile(first).iter_batches(batch_size=max(1, rows), columns=["train"])
+    table = pa.Table.from_batches([next(batches)])
+    return _fixed(table, "train", table.num_rows)
+
+
+def load_prepared(path: str | Path, train_rows: int | None = None) -> PreparedDataset:
+    """Load ``<cache>/prepared/<name>-<hash12>/`` as written by :func:`study.data.prepare`.
+
+    ``train_rows=n`` reads only the first n users' training windows (``train`` then has n rows, the other arrays
+    every user's): a trial that streams its training windows from the Parquet file keeps just a sample of them,
+    for the peak-memory and cost probes.
+    """
     path = Path(path)
     meta_file = path / "meta.json"
     if not meta_file.is_file():
@@ -116,17 +130,23 @@ def load_prepared(path: str | Path) -> PreparedDataset:
             f"{FORMAT_VERSION}; rebuild it with: "
             f"python -m study.data prepare {meta.get('name', 'NAME')} --force"
         )
+    sequences = path / "sequences.parquet"
     try:
-        table = pq.read_table(path / "sequences.parquet")
+        if train_rows is None:
+            table = pq.read_table(sequences)
+            train = _fixed(table, "train", table.num_rows)
+        else:
+            table = pq.read_table(sequences, columns=["raw_user", "items", "valid", "test"])
+            train = _first_windows(sequences, train_rows)
     except (OSError, pa.ArrowException) as exc:
-        raise UserError(f"{path / 'sequences.parquet'}: cannot read ({exc})") from None
+        raise UserError(f"{sequences}: cannot read ({exc})") from None
     num_users = table.num_rows
     items = table.column("items").combine_chunks()
     offsets = items.offsets.to_numpy().astype(np.int64)
     return PreparedDataset(
         path=path,
         meta=meta,
-        train=_fixed(table, "train", num_users),
+        train=train,
         valid=_fixed(table, "valid", num_users),
         test=_fixed(table, "test", num_users),
         history_indptr=offsets - offsets[0],

@@ -55,6 +55,13 @@ from study.train.trainer import TrialData
 
 __all__ = ["run_study"]
 
+# A streaming study (``dataset: {stream: true}``): the training windows a trial keeps for its probes, and the rows of
+# the local shuffle buffer its batches are drawn from (the windows arrive in file order, user by user).
+STREAM_SAMPLE_ROWS = 1024
+STREAM_SHUFFLE_ROWS = 50_000
+STREAM_SPARE_CPUS = 1.0
+STREAM_TASK_CPUS = 0.25  # a read or filter task's share of the spare CPU: a few trials' reads run side by side
+
 
 def _prepare_data(study: Study) -> tuple[Path, TrialData]:
     from study.data import prepare
@@ -64,17 +71,36 @@ def _prepare_data(study: Study) -> tuple[Path, TrialData]:
     try:
         path = prepare(dataset["name"], source=dataset["source"], max_len=max_len, kcore=dataset["kcore"],
                        progress=True, **dataset["options"])
-        return path, TrialData.from_prepared(path, max_len)
+        # a streaming study holds only a sample of the training windows, for the cost and memory probes
+        return path, TrialData.from_prepared(path, max_len, STREAM_SAMPLE_ROWS if dataset["stream"] else None)
     except UserError as error:
         where = f"{study.source}: " if study.source else ""
         raise UserError(f"{where}dataset '{dataset['name']}': {error}") from None
 
 
 
-def _training_table(path: Path) -> Any:
+def _training_table(path: Path, stream: bool) -> Any:
+    """The training windows for :func:`_drive`: a pyarrow table read now, or (``stream``) the path of the Parquet
+    file or folder that the trials read themselves, epoch by epoch."""
     import pyarrow.parquet as pq
 
+    if stream:
+        return str(path / "sequences.parquet")
     return pq.read_table(path / "sequences.parquet", columns=["user", "train"])
+
+
+def _streamed_dataset(parquet: str) -> Any:
+    """The training windows as a lazy Ray Dataset over the prepared Parquet: each epoch of each trial reads them
+    again, block by block, so no process holds them all.
+
+    Its tasks run on the CPU the study leaves free (:func:`_concurrency`), a quarter CPU each. The file must be
+    readable where the trials run (on a cluster, the data cache on shared storage).
+    """
+    import ray.data
+
+    quiet_ray_data()
+    windows = ray.data.read_parquet(parquet, num_cpus=STREAM_TASK_CPUS).select_columns(["user", "train"])
+    return windows.map_batches(keep_trainable, batch_format="numpy", num_cpus=STREAM_TASK_CPUS)
 
 
 def _training_dataset(table: Any) -> Any:
@@ -118,6 +144,8 @@ def announce_cost(study: Study, data: TrialData) -> str:
     try:
         step = TrainStep(models.build(study.model, **hparams), train_cfg, item_popularity=trial_data.item_popularity)
         cost = epoch_cost(step, trial_data, train_cfg, resolve_device("cpu" if study.resources.gpu == 0 else "auto"))
+        if study.dataset["stream"]:  # the driver holds the first users' windows only: scale to every user's
+            cost = cost.scaled(data.meta["num_users"] / max(1, len(data.train)))
     finally:
         torch.set_num_threads(threads)
     shown = ", ".join(f"{key}={value}" for key, value in point.items() if key != "lr") or "the fixed settings"
@@ -127,7 +155,10 @@ def announce_cost(study: Study, data: TrialData) -> str:
 
 def _concurrency(study: Study) -> int:
     """Trials at once: as many as the connected cluster fits (a UserError up front if none does, e.g. no GPU)."""
-    fits = check_fits(study.resources.cpu, study.resources.gpu, study.resources.workers_per_trial)
+    # Ray Data runs no task while the cluster has less than one whole CPU free (measured with Ray 2.60: a streamed
+    # read then waits for ever), so a streaming study leaves one CPU to its reads
+    spare = STREAM_SPARE_CPUS if study.dataset["stream"] else 0.0
+    fits = check_fits(study.resources.cpu, study.resources.gpu, study.resources.workers_per_trial, spare_cpu=spare)
     wanted = study.resources.max_concurrent
     return fits if wanted == "auto" else min(int(wanted), fits)
 
@@ -236,11 +267,13 @@ def run_study(study: Study, *, resume: bool = False, dashboard: bool = False, ad
             raise UserError(f"with --address {address} the study is driven from the cluster's head node, which "
                             f"cannot write to this machine's {study.storage}: set storage: to a URI both reach "
                             "(s3://bucket/prefix, gs://bucket/prefix, or file:///path on a shared file system)")
-        return _run_on_head(study, mirror, out, base_data, _training_table(path), resume=resume,
+        return _run_on_head(study, mirror, out, base_data, _training_table(path, study.dataset["stream"]),
+                            resume=resume,
                             dashboard=dashboard, address=address, quiet=quiet, points=points)
     started_ray = start_ray(address, dashboard=dashboard, num_cpus=num_cpus, quiet=quiet)
     try:
-        fit = _drive(study, out, mirror, base_data, _training_table(path), resume=resume, quiet=quiet, points=points,
+        fit = _drive(study, out, mirror, base_data, _training_table(path, study.dataset["stream"]), resume=resume,
+                     quiet=quiet, points=points,
                      dashboard=dashboard, on_cluster=address != "local")
     finally:
         if started_ray:
@@ -268,14 +301,20 @@ def _drive(study: Study, out: Path, mirror: Mirror, base_data: TrialData, train_
     _write_environment(out)
     mirror.push(force=True)  # the study is claimed in storage before its first trial
     workers = study.resources.workers_per_trial
-    # Ray Data shards the windows of data-parallel trials; a one-process trial shuffles the windows it already holds
-    train_ds = _training_dataset(train_table) if workers > 1 else None
+    # Ray Data shards the windows of data-parallel trials and streams them to the trials of a streaming study; a
+    # one-process trial otherwise shuffles the windows it already holds
+    stream = study.dataset["stream"]
+    if stream:
+        train_ds, shuffle_rows = _streamed_dataset(train_table), STREAM_SHUFFLE_ROWS
+    else:
+        train_ds = _training_dataset(train_table) if workers > 1 else None
+        shuffle_rows = max(1, train_table.num_rows)
     storage_url = f"sqlite:///{out / OPTUNA_FILE}"
     checkpoint_every, max_failures = study.checkpoint.resolve(on_cluster)
     plan = TrialPlan(model=study.model, base_settings=_base_settings(study),
                      threads=max(1, math.floor(study.resources.cpu)),
                      measure_efficiency=bool(study.settings().get("measure_efficiency", True)),
-                     records_dir=str(out / RECORDS_DIR), shuffle_rows=max(1, train_table.num_rows),
+                     records_dir=str(out / RECORDS_DIR), shuffle_rows=shuffle_rows, stream=stream,
                      recorded=read_records(out / RECORDS_DIR) if resume else None,
                      workers=workers, cpu=study.resources.cpu,
                      gpu=study.resources.gpu, checkpoint_every=checkpoint_every, checkpoint_keep=study.checkpoint.keep,

@@ -67,6 +67,8 @@ class TrialPlan:
     # where each trial keeps its best-validation model (<models_dir>/<trial_id>/), when the trials can write to the
     # study's folder (a local run); on a cluster the trial's last checkpoint holds them instead
     models_dir: str | None = None
+    # the training windows come from Ray Data, read from the prepared Parquet every epoch (``dataset.stream``)
+    stream: bool = False
 
 
 def crop_trial_data(base: TrialData, max_len: int) -> TrialData:
@@ -267,8 +269,9 @@ def replay_recorded(plan: TrialPlan) -> bool:
 def sweep_trial(config: dict[str, Any], *, plan: TrialPlan, data: TrialData, train_ds: Any = None) -> None:
     """The Tune function trainable of a one-process trial: one configuration, reported every epoch.
 
-    It trains with the trainer's in-memory shuffle of ``data.train`` (``train_ds`` is for data-parallel trials only):
-    the same seed gives the same batches, hence the same metrics, as ``python -m study.train``. Every
+    It trains with the trainer's in-memory shuffle of ``data.train``: the same seed gives the same batches, hence the
+    same metrics, as ``python -m study.train``. A streaming study's trial (``plan.stream``) instead draws its batches
+    from ``train_ds`` through a local shuffle buffer: seeded, but not study.train's order. Every
     ``plan.checkpoint_every`` epochs its report carries the training state as a Tune checkpoint; a retried or resumed
     trial starts from the last one and ends as it would have without the interruption.
     """
@@ -283,7 +286,7 @@ def sweep_trial(config: dict[str, Any], *, plan: TrialPlan, data: TrialData, tra
     from study.train.config import split_settings
     from study.train.trainer import run_trial
 
-    settings = trial_settings(plan, config)  # no Ray Data here: a one-process trial trains on the windows it holds
+    settings = trial_settings(plan, config)
     train_cfg, hparams = split_settings(plan.model, settings)
     torch.set_num_threads(train_cfg.num_threads)
     max_len = hparams.get("max_len", models.model_class(plan.model).config_class.max_len)
@@ -294,7 +297,14 @@ def sweep_trial(config: dict[str, Any], *, plan: TrialPlan, data: TrialData, tra
     reporter = EpochReporter(figures, train_cfg.batch_size, started, tune.report,
                              checkpoint_every=plan.checkpoint_every, resumed=resume_from,
                              best_model_dir=best_model_dir)
-    run_trial(plan.model, trial_data, settings, callback=reporter, resume_from=resume_from)
+    # a streaming trial reads its windows from Ray Data each epoch (``trial_data.train`` is then a probe sample);
+    # otherwise it shuffles the windows it holds, as study.train does
+    train_batches = None
+    if plan.stream:
+        quiet_ray_data()
+        train_batches = ray_data_batches(train_ds, train_cfg.batch_size, train_cfg.seed, max_len, plan.shuffle_rows)
+    run_trial(plan.model, trial_data, settings, callback=reporter, resume_from=resume_from,
+              train_batches=train_batches)
 
 
 def last_training_state() -> Any:

@@ -403,16 +403,18 @@ def read_searcher(data: dict, errors: ConfigErrors, *, sampler: str, choice_coun
 # dataset
 
 
-def resolve_dataset(data: dict, errors: ConfigErrors, source: Path | None) -> dict[str, Any]:
-    """The ``dataset:`` section of a study file (sweep or scaling): recipe, source, k-core and recipe options."""
+def resolve_dataset(data: dict, errors: ConfigErrors, source: Path | None, streamable: bool = False) -> dict[str, Any]:
+    """The ``dataset:`` section of a study file (sweep or scaling): recipe, source, k-core and recipe options, and
+    (``streamable``: sweeps) ``stream``, whether trials read their training windows from Parquet every epoch."""
     from study.data import get_recipe
 
     if isinstance(data.get("dataset"), str):  # `dataset: lastfm` is a natural shorthand
         section = {"name": data["dataset"]}
     else:
         section = read_section(data, "dataset", errors, {"name": "ml-100k"})
-    allowed = ("name", "source", "kcore", "options")
+    allowed = ("name", "source", "kcore", "options") + (("stream",) if streamable else ())
     check_keys(section, "dataset", allowed, errors)
+    stream = typed(section, "dataset", "stream", bool, errors, False) if streamable else False
     name = typed(section, "dataset", "name", str, errors, "ml-100k")
     kcore = typed(section, "dataset", "kcore", int, errors, None)
     options = section.get("options") or {}
@@ -450,4 +452,4 @@ def resolve_dataset(data: dict, errors: ConfigErrors, source: Path | None) -> di
         if not recipe.synthetic and recipe.download is None and raw_source is None:
             errors.add(("dataset", "source"), f"dataset '{name}' cannot be downloaded; give a local copy "
                                               f"(--set dataset.source=PATH): {recipe.source_format}")
-    return {"name": name, "source": dataset_source, "kcore": kcore, "options": dict(options)}
+    return {"name": name, "source": dataset_source, "kcore": kcore, "options": dict(options), "stream": stream}

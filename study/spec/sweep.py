@@ -81,7 +81,7 @@ SCHEMA_HELP = """\
 study YAML (docs/sweep.md has the full reference):
   name: my-study                    # results go to results/<name>/ unless storage: is set
   model: sasrec                     # a registered model
-  dataset: {name: ml-100k, source: null, kcore: null, options: {}}   # a data recipe
+  dataset: {name: ml-100k, source: null, kcore: null, options: {}, stream: false}   # a data recipe
   protocol: {objective: auto, eval_mode: full}                       # fixed for the whole study
   fixed: {max_len: 50, batch_size: 128}                              # trainer/model keys
   search:                           # one distribution per key
@@ -259,7 +259,7 @@ def resolve(data: dict[str, Any], *, source: Path | None = None, lines: dict[tup
     if model is not None and model not in models.available():
         errors.add(("model",), f"unknown model {model!r}; known: {', '.join(models.available())}")
         model = None
-    dataset = resolve_dataset(data, errors, source)
+    dataset = resolve_dataset(data, errors, source, streamable=True)
 
     protocol = read_section(data, "protocol", errors)
     fixed = read_section(data, "fixed", errors)
@@ -423,6 +423,10 @@ def _check_combinations(study: Study, errors: ConfigErrors) -> None:
             for key, message in error.errors:
                 failures.setdefault((_home(study, key), message), []).append(point)
             continue
+        if study.dataset["stream"] and (train_cfg.objective == "last" or study.resources.workers_per_trial > 1):
+            errors.add(("dataset", "stream"), "streamed windows reach one-process trials with a window-per-user "
+                                              "objective: not objective last (it builds prefixes from each user's "
+                                              "whole history in memory) nor workers_per_trial > 1")
         if study.resources.workers_per_trial > 1 and train_cfg.objective == "last":
             errors.add(("protocol", "objective"), "objective last expands each user into a varying number of "
                                                   "prefix batches, which data-parallel workers cannot keep in step; "

@@ -9,6 +9,7 @@ the line then says how many positions that leaves, and times a full-size batch o
 from __future__ import annotations
 
 import copy
+import dataclasses
 import textwrap
 import time
 from dataclasses import dataclass
@@ -32,6 +33,11 @@ class EpochCost:
     step_s: float  # median time of one measured step on a full batch
     max_len: int
     median_length: float  # the dataset's median sequence length
+
+    def scaled(self, factor: float) -> EpochCost:
+        """The cost of an epoch ``factor`` times as large (an estimate from a sample of the windows)."""
+        counts = ("windows", "steps", "tokens", "real_tokens", "computed_tokens")
+        return dataclasses.replace(self, **{name: round(getattr(self, name) * factor) for name in counts})
 
     @property
     def epoch_s(self) -> float:

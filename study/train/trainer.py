@@ -58,10 +58,11 @@ class TrialData:
         return int(self.meta["num_items"])
 
     @classmethod
-    def from_prepared(cls, path: str | Path, max_len: int) -> TrialData:
+    def from_prepared(cls, path: str | Path, max_len: int, train_rows: int | None = None) -> TrialData:
+        """``train_rows=n`` keeps only the first n users' training windows (a streaming trial's probe sample)."""
         from study.data import load_prepared
 
-        dataset = load_prepared(path)
+        dataset = load_prepared(path, train_rows)
         stored = dataset.train.shape[1] - 1
         if max_len > stored:
             raise UserError(f"max_len={max_len} exceeds the {stored} items per window stored in {path}; "

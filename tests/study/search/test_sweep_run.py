@@ -182,7 +182,7 @@ def test_ray_data_batches_cover_every_trainable_window_once_per_epoch(data_cache
     from study.train.trainer import TrialData, user_batches
 
     path = prepare("lastfm", source=synthetic_lastfm_file, max_len=30, progress=False)
-    dataset = _training_dataset(_training_table(path))  # from_arrow + filter + materialize, as the sweep does
+    dataset = _training_dataset(_training_table(path, False))  # from_arrow + filter + materialize, as the sweep does
     expected = TrialData.from_prepared(path, 12).train
     expected = np.concatenate([windows for windows, _ in user_batches(expected, 10_000, np.random.default_rng(0))])
     batches = ray_data_batches(dataset, 64, seed=3, max_len=12, shuffle_rows=dataset.count())
@@ -206,6 +206,53 @@ def test_ray_data_batches_cover_every_trainable_window_once_per_epoch(data_cache
         assert np.array_equal(getattr(cropped.valid, name), getattr(direct.valid, name)), name
         assert np.array_equal(getattr(cropped.test, name), getattr(direct.test, name)), name
     assert np.array_equal(cropped.train, direct.train) and cropped.train.flags.writeable
+
+
+def test_streamed_windows_cover_every_trainable_window_once_per_epoch(data_cache: Path, ray_session,
+                                                                      synthetic_lastfm_file: Path) -> None:
+    """``dataset.stream``: read from the Parquet file each epoch through a shuffle buffer smaller than the data."""
+    import numpy as np
+
+    from study.data import prepare
+    from study.search.runner import _streamed_dataset, _training_table
+    from study.search.trial import ray_data_batches
+    from study.train.trainer import TrialData
+
+    path = prepare("lastfm", source=synthetic_lastfm_file, max_len=30, progress=False)
+    full = TrialData.from_prepared(path, 12).train
+    trainable = np.flatnonzero((full[:, -2] > 0) & (full[:, -1] > 0))
+    assert len(trainable) > 200
+    batches = ray_data_batches(_streamed_dataset(_training_table(path, True)), 32, seed=3, max_len=12,
+                               shuffle_rows=100)
+    orders = []
+    for epoch in (1, 2):
+        pairs = list(batches(epoch))
+        windows, users = np.concatenate([w for w, _ in pairs]), np.concatenate([u for _, u in pairs])
+        assert sorted(users) == list(trainable)  # each trainable window once, no other
+        assert np.array_equal(windows, full[users])
+        orders.append(users)
+    assert not np.array_equal(orders[0], orders[1]) and not np.array_equal(orders[0], np.sort(orders[0]))
+    again = np.concatenate([u for _, u in batches(1)])
+    assert np.array_equal(again, orders[0])  # reproducible from the seed
+    sample = TrialData.from_prepared(path, 12, train_rows=50)
+    assert np.array_equal(sample.train, full[:50]) and len(sample.valid.inputs) == len(full)
+
+
+def test_a_streaming_sweep_leaves_ray_data_a_cpu_and_trains(tmp_path: Path, data_cache: Path, ray_session,
+                                                             write_tiny_sweep) -> None:
+    """Ray Data runs nothing while less than one CPU is free, so on two CPUs the streamed trials run one at a time."""
+    from study.search.runner import run_study
+    from study.spec.sweep import StudyConfigError, load_study
+
+    out = tmp_path / "out"
+    path = write_tiny_sweep(tmp_path / "study.yaml", name="streamed", storage=out, samples=2)
+    run_study(load_study(path, ["dataset.stream=true", "budget.max_epochs=2", "scheduler=none"]), quiet=True)
+    trials = pd.read_parquet(out / "trials.parquet")
+    assert list(trials["status"]) == ["ok", "ok"] and list(trials["epochs_run"]) == [2, 2]
+    assert (trials["valid_ndcg@10"] > 0).all() and yaml.safe_load((out / "study.yaml").read_text())[
+        "dataset"]["stream"] is True
+    with pytest.raises(StudyConfigError, match="stream"):
+        load_study(path, ["dataset.stream=true", "protocol.objective=last"])
 
 
 def test_a_one_epoch_quick_run_turns_asha_off_and_runs(tmp_path: Path, data_cache: Path, ray_session,
