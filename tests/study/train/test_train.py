@@ -191,3 +191,15 @@ def test_cli_says_the_cost_then_ctrl_c_keeps_the_finished_epochs(cli_env):
     assert "Traceback" not in stderr and "interrupted during epoch" in stderr
     row = json.loads(out.strip().splitlines()[-1])
     assert row["status"] == "interrupted" and 1 <= row["epochs_run"] < 200 and 0 <= row["test_ndcg@10"] <= 1
+
+
+def test_an_epoch_cost_scales_its_counts_not_its_step_time():
+    """A streaming study estimates its epoch from a sample of the windows, scaled to every user."""
+    from study.train.cost import EpochCost
+
+    sample = EpochCost(windows=100, steps=2, tokens=5000, real_tokens=3000, computed_tokens=4000, step_s=0.5,
+                       max_len=50, median_length=30.0)
+    whole = sample.scaled(10.0)
+    assert (whole.windows, whole.steps, whole.tokens, whole.real_tokens, whole.computed_tokens) == \
+        (1000, 20, 50000, 30000, 40000)
+    assert whole.step_s == 0.5 and whole.epoch_s == 10.0 and whole.padding == sample.padding
