@@ -268,13 +268,11 @@ def run_study(study: Study, *, resume: bool = False, dashboard: bool = False, ad
                             f"cannot write to this machine's {study.storage}: set storage: to a URI both reach "
                             "(s3://bucket/prefix, gs://bucket/prefix, or file:///path on a shared file system)")
         return _run_on_head(study, mirror, out, base_data, _training_table(path, study.dataset["stream"]),
-                            resume=resume,
-                            dashboard=dashboard, address=address, quiet=quiet, points=points)
+                            resume=resume, dashboard=dashboard, address=address, quiet=quiet, points=points)
     started_ray = start_ray(address, dashboard=dashboard, num_cpus=num_cpus, quiet=quiet)
     try:
         fit = _drive(study, out, mirror, base_data, _training_table(path, study.dataset["stream"]), resume=resume,
-                     quiet=quiet, points=points,
-                     dashboard=dashboard, on_cluster=address != "local")
+                     quiet=quiet, points=points, dashboard=dashboard, on_cluster=address != "local")
     finally:
         if started_ray:
             import ray

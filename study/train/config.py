@@ -52,8 +52,9 @@ class TrainConfig:
     num_threads: int = 0  # 0 = leave torch's default; Ray trials set it to their CPU share
     eval_batch_size: int = 256
     measure_efficiency: bool = True
-    # CUDA only (a CPU trial stays fp32 and eager): bf16/fp16 autocast of the forward pass and loss, and
-    # torch.compile of the model. Both change the arithmetic, so both are recorded and off by default.
+    # bf16/fp16 autocast of the forward pass and loss (CUDA only: a CPU step stays fp32), and torch.compile of the
+    # model (anywhere; on a CPU its first step compiles for minutes). Both change the arithmetic, so both are
+    # recorded and off by default.
     precision: str = "fp32"
     compile: bool = False
     # drop the leading columns that are padding in every row of a batch (training, evaluation, latency): the same
