@@ -134,13 +134,13 @@ def epoch_of(prepared: Path, mode: str, batch_size: int = 128, max_len: int = 50
     else:
         import ray
 
-        from study.search.runner import STREAM_SAMPLE_ROWS, STREAM_SHUFFLE_ROWS, _streamed_dataset, _training_table
         from study.search.trial import ray_data_batches
+        from study.search.windows import STREAM_SAMPLE_ROWS, STREAM_SHUFFLE_ROWS, streamed_dataset, training_windows
 
         data = TrialData.from_prepared(prepared, max_len, train_rows=STREAM_SAMPLE_ROWS)
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
         loaded = time.perf_counter()
-        dataset = _streamed_dataset(_training_table(prepared, True))
+        dataset = streamed_dataset(training_windows(prepared, True))
         batches = ray_data_batches(dataset, batch_size, 0, max_len, STREAM_SHUFFLE_ROWS)(1)
     windows = sum(len(batch) for batch, _ in batches)
     return {"windows": windows, "load_s": loaded - began, "epoch_s": time.perf_counter() - loaded}

@@ -39,14 +39,14 @@ from study.search.data_parallel import data_parallel_trial
 from study.search.recorder import SweepRecorder, atomic_write_text, build_row, read_records, summary, write_tables
 from study.search.searcher import StudySearch, close_orphans, make_scheduler, make_searcher, points_space
 from study.search.tracking import tracking_callbacks
-from study.search.trial import (
-    MODELS_DIR,
-    TrialPlan,
-    crop_trial_data,
-    keep_trainable,
-    quiet_ray_data,
-    sweep_trial,
-    tune_key,
+from study.search.trial import MODELS_DIR, TrialPlan, crop_trial_data, sweep_trial, tune_key
+from study.search.windows import (
+    STREAM_SAMPLE_ROWS,
+    STREAM_SHUFFLE_ROWS,
+    STREAM_SPARE_CPUS,
+    materialized_dataset,
+    streamed_dataset,
+    training_windows,
 )
 from study.spec.sweep import Study
 from study.storage import Mirror
@@ -54,13 +54,6 @@ from study.train.results import json_safe
 from study.train.trainer import TrialData
 
 __all__ = ["run_study"]
-
-# A streaming study (``dataset: {stream: true}``): the training windows a trial keeps for its probes, and the rows of
-# the local shuffle buffer its batches are drawn from (the windows arrive in file order, user by user).
-STREAM_SAMPLE_ROWS = 1024
-STREAM_SHUFFLE_ROWS = 50_000
-STREAM_SPARE_CPUS = 1.0
-STREAM_TASK_CPUS = 0.25  # a read or filter task's share of the spare CPU: a few trials' reads run side by side
 
 
 def _prepare_data(study: Study) -> tuple[Path, TrialData]:
@@ -77,43 +70,6 @@ def _prepare_data(study: Study) -> tuple[Path, TrialData]:
         where = f"{study.source}: " if study.source else ""
         raise UserError(f"{where}dataset '{dataset['name']}': {error}") from None
 
-
-
-def _training_table(path: Path, stream: bool) -> Any:
-    """The training windows for :func:`_drive`: a pyarrow table read now, or (``stream``) the path of the Parquet
-    file or folder that the trials read themselves, epoch by epoch."""
-    import pyarrow.parquet as pq
-
-    if stream:
-        return str(path / "sequences.parquet")
-    return pq.read_table(path / "sequences.parquet", columns=["user", "train"])
-
-
-def _streamed_dataset(parquet: str) -> Any:
-    """The training windows as a lazy Ray Dataset over the prepared Parquet: each epoch of each trial reads them
-    again, block by block, so no process holds them all.
-
-    Its tasks run on the CPU the study leaves free (:func:`_concurrency`), a quarter CPU each. The file must be
-    readable where the trials run (on a cluster, the data cache on shared storage).
-    """
-    import ray.data
-
-    quiet_ray_data()
-    windows = ray.data.read_parquet(parquet, num_cpus=STREAM_TASK_CPUS).select_columns(["user", "train"])
-    return windows.map_batches(keep_trainable, batch_format="numpy", num_cpus=STREAM_TASK_CPUS)
-
-
-def _training_dataset(table: Any) -> Any:
-    """The training windows as a materialized Ray Dataset (materialized now, before trials hold every CPU).
-
-    The driver reads the file and puts the table into the object store (``from_arrow``) rather than
-    ``read_parquet``, whose read tasks may be scheduled on another node, where the driver's prepared-data folder
-    does not exist; trials then fetch the blocks from the object store wherever they run.
-    """
-    import ray.data
-
-    quiet_ray_data()
-    return ray.data.from_arrow(table).map_batches(keep_trainable, batch_format="numpy").materialize()
 
 
 def announce_cost(study: Study, data: TrialData) -> str:
@@ -155,8 +111,6 @@ def announce_cost(study: Study, data: TrialData) -> str:
 
 def _concurrency(study: Study) -> int:
     """Trials at once: as many as the connected cluster fits (a UserError up front if none does, e.g. no GPU)."""
-    # Ray Data runs no task while the cluster has less than one whole CPU free (measured with Ray 2.60: a streamed
-    # read then waits for ever), so a streaming study leaves one CPU to its reads
     spare = STREAM_SPARE_CPUS if study.dataset["stream"] else 0.0
     fits = check_fits(study.resources.cpu, study.resources.gpu, study.resources.workers_per_trial, spare_cpu=spare)
     wanted = study.resources.max_concurrent
@@ -267,11 +221,11 @@ def run_study(study: Study, *, resume: bool = False, dashboard: bool = False, ad
             raise UserError(f"with --address {address} the study is driven from the cluster's head node, which "
                             f"cannot write to this machine's {study.storage}: set storage: to a URI both reach "
                             "(s3://bucket/prefix, gs://bucket/prefix, or file:///path on a shared file system)")
-        return _run_on_head(study, mirror, out, base_data, _training_table(path, study.dataset["stream"]),
+        return _run_on_head(study, mirror, out, base_data, training_windows(path, study.dataset["stream"]),
                             resume=resume, dashboard=dashboard, address=address, quiet=quiet, points=points)
     started_ray = start_ray(address, dashboard=dashboard, num_cpus=num_cpus, quiet=quiet)
     try:
-        fit = _drive(study, out, mirror, base_data, _training_table(path, study.dataset["stream"]), resume=resume,
+        fit = _drive(study, out, mirror, base_data, training_windows(path, study.dataset["stream"]), resume=resume,
                      quiet=quiet, points=points, dashboard=dashboard, on_cluster=address != "local")
     finally:
         if started_ray:
@@ -303,9 +257,9 @@ def _drive(study: Study, out: Path, mirror: Mirror, base_data: TrialData, train_
     # one-process trial otherwise shuffles the windows it already holds
     stream = study.dataset["stream"]
     if stream:
-        train_ds, shuffle_rows = _streamed_dataset(train_table), STREAM_SHUFFLE_ROWS
+        train_ds, shuffle_rows = streamed_dataset(train_table), STREAM_SHUFFLE_ROWS
     else:
-        train_ds = _training_dataset(train_table) if workers > 1 else None
+        train_ds = materialized_dataset(train_table) if workers > 1 else None
         shuffle_rows = max(1, train_table.num_rows)
     storage_url = f"sqlite:///{out / OPTUNA_FILE}"
     checkpoint_every, max_failures = study.checkpoint.resolve(on_cluster)

@@ -177,12 +177,12 @@ def test_ray_data_batches_cover_every_trainable_window_once_per_epoch(data_cache
     import numpy as np
 
     from study.data import prepare
-    from study.search.runner import _training_dataset, _training_table
     from study.search.trial import crop_trial_data, ray_data_batches
+    from study.search.windows import materialized_dataset, training_windows
     from study.train.trainer import TrialData, user_batches
 
     path = prepare("lastfm", source=synthetic_lastfm_file, max_len=30, progress=False)
-    dataset = _training_dataset(_training_table(path, False))  # from_arrow + filter + materialize, as the sweep does
+    dataset = materialized_dataset(training_windows(path, False))  # from_arrow + filter + materialize, as sweeps do
     expected = TrialData.from_prepared(path, 12).train
     expected = np.concatenate([windows for windows, _ in user_batches(expected, 10_000, np.random.default_rng(0))])
     batches = ray_data_batches(dataset, 64, seed=3, max_len=12, shuffle_rows=dataset.count())
@@ -214,15 +214,15 @@ def test_streamed_windows_cover_every_trainable_window_once_per_epoch(data_cache
     import numpy as np
 
     from study.data import prepare
-    from study.search.runner import _streamed_dataset, _training_table
     from study.search.trial import ray_data_batches
+    from study.search.windows import streamed_dataset, training_windows
     from study.train.trainer import TrialData
 
     path = prepare("lastfm", source=synthetic_lastfm_file, max_len=30, progress=False)
     full = TrialData.from_prepared(path, 12).train
     trainable = np.flatnonzero((full[:, -2] > 0) & (full[:, -1] > 0))
     assert len(trainable) > 200
-    batches = ray_data_batches(_streamed_dataset(_training_table(path, True)), 32, seed=3, max_len=12,
+    batches = ray_data_batches(streamed_dataset(training_windows(path, True)), 32, seed=3, max_len=12,
                                shuffle_rows=100)
     orders = []
     for epoch in (1, 2):
