@@ -323,17 +323,18 @@ def main(argv: list[str] | None = None) -> int:
         if dataset != "ml-100k" and not args.sources[dataset]:
             print(f"{dataset}: skipped, give --{dataset} PATH", file=sys.stderr)
             continue
-        studies = list(args.studies)
+        # --studies says which studies run; the report always covers every study of the dataset that has results
+        reported = [*MAIN_STUDIES, *ABLATIONS]
         if dataset == "beauty":
             chosen = best_efficient(args)
             if not chosen:
                 print("beauty: waits until every efficient model ran on ml-100k and lastfm", file=sys.stderr)
                 continue
-            studies = [s for s in ("sasrec", "bert4rec", *chosen) if s in args.studies]
+            reported = ["sasrec", "bert4rec", *chosen]
         folders = {}
-        for study in studies:
+        for study in reported:
             folder = RESULTS / study_name(dataset, study, args.quick)
-            if not args.report_only:
+            if study in args.studies and not args.report_only:
                 run_study(dataset, study, args)
             if finished_seeds(folder):
                 folders[study] = folder
