@@ -10,7 +10,6 @@ in every row of a batch), so positions count from the newest item: it always get
 from __future__ import annotations
 
 import math
-import weakref
 
 import torch
 import torch.nn.functional as F
@@ -73,19 +72,6 @@ def attention_mask(valid: torch.Tensor, causal: bool) -> torch.Tensor:
     return allowed | torch.eye(length, dtype=torch.bool, device=valid.device)
 
 
-# The mask of the last `valid` tensor seen, per (causal, additive): every layer of one forward pass reads the same
-# `valid` object, so the (B, 1, L, L) mask is built once per forward instead of once per layer. The entry refers to
-# `valid` weakly and is dropped when `valid` is freed, so no mask outlives its forward pass (at B = 128, L = 200 a
-# float mask is 20 MB) and an identity match can never be a freed tensor's reused memory.
-_LAST_MASK: dict[tuple[bool, bool], tuple[weakref.ref, int, torch.Tensor]] = {}
-
-
-def _forget_mask(key: tuple[bool, bool], mask_id: int) -> None:
-    entry = _LAST_MASK.get(key)
-    if entry is not None and id(entry[2]) == mask_id:  # a newer forward's entry stays
-        del _LAST_MASK[key]
-
-
 def shared_attention_mask(valid: torch.Tensor, causal: bool, additive: bool = False) -> torch.Tensor:
     """:func:`attention_mask` of ``valid``, built once for all the layers that read the same ``valid``.
 
@@ -96,15 +82,19 @@ def shared_attention_mask(valid: torch.Tensor, causal: bool, additive: bool = Fa
     if torch.compiler.is_compiling():  # a compiled graph builds (and fuses) the mask itself
         mask = attention_mask(valid, causal)
         return torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, float("-inf")) if additive else mask
-    key = (causal, additive)
-    cached = _LAST_MASK.get(key)
-    if cached is not None and cached[0]() is valid and cached[1] == valid._version:
-        return cached[2]
+    # Every layer of one forward pass reads the same `valid` tensor, so its masks are kept on that tensor, per
+    # (causal, additive): built once per forward instead of once per layer, and freed with `valid` (at B = 128,
+    # L = 200 a float mask is 20 MB). Not a global cache, which kept the last mask until the next forward, nor a
+    # weakref finalizer: Python ignores an exception raised at deallocation, a Ctrl-C's KeyboardInterrupt included.
+    # The version check catches in-place edits of `valid`.
+    masks = valid.__dict__.setdefault("_attention_masks", {})
+    cached = masks.get((causal, additive))
+    if cached is not None and cached[0] == valid._version:
+        return cached[1]
     mask = attention_mask(valid, causal)
     if additive:
         mask = torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, float("-inf"))
-    _LAST_MASK[key] = (weakref.ref(valid), valid._version, mask)
-    weakref.finalize(valid, _forget_mask, key, id(mask))
+    masks[(causal, additive)] = (valid._version, mask)
     return mask
 
 
