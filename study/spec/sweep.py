@@ -423,10 +423,6 @@ def _check_combinations(study: Study, errors: ConfigErrors) -> None:
             for key, message in error.errors:
                 failures.setdefault((_home(study, key), message), []).append(point)
             continue
-        if study.dataset["stream"] and (train_cfg.objective == "last" or study.resources.workers_per_trial > 1):
-            errors.add(("dataset", "stream"), "streamed windows reach one-process trials with a window-per-user "
-                                              "objective: not objective last (it builds prefixes from each user's "
-                                              "whole history in memory) nor workers_per_trial > 1")
         if study.resources.workers_per_trial > 1 and train_cfg.objective == "last":
             errors.add(("protocol", "objective"), "objective last expands each user into a varying number of "
                                                   "prefix batches, which data-parallel workers cannot keep in step; "
@@ -479,6 +475,8 @@ def _check_study_settings(study: Study, errors: ConfigErrors) -> None:
     if threads and int(threads) > max(1, math.floor(cpu)):
         errors.add(("fixed", "num_threads"), f"{threads} threads on resources.cpu={cpu:g} oversubscribes the CPU "
                                              "share of each trial; leave num_threads unset (= the CPU share)")
+    if study.dataset["stream"] and (settings.get("objective") == "last" or study.resources.workers_per_trial > 1):
+        errors.add(("dataset", "stream"), "needs workers_per_trial: 1 and an objective other than last")
     device = str(settings.get("device", "auto"))
     if study.resources.gpu > 0 and device == "cpu":
         errors.add(("fixed", "device"), "device cpu with resources.gpu > 0 reserves a GPU that no trial uses")
