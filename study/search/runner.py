@@ -48,7 +48,7 @@ from study.search.windows import (
     streamed_dataset,
     training_windows,
 )
-from study.spec.sweep import Study
+from study.spec.resolved import Study
 from study.storage import Mirror
 from study.train.results import json_safe
 from study.train.trainer import TrialData

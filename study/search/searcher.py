@@ -18,7 +18,7 @@ from optuna.trial import TrialState
 from ray.tune.search.optuna import OptunaSearch
 
 from study.search.trial import tune_key
-from study.spec.sweep import Study
+from study.spec.resolved import Study
 
 
 class StudySearch(OptunaSearch):

@@ -5,9 +5,10 @@ then :func:`resolve` checks every section and returns a :class:`Study`, or raise
 listing every problem at once, each naming its key (``file:line: section.key: message``).
 
 Typed sections (``dataset``, ``budget``, ``scheduler``, ``resources``, ``searcher``) are read by
-:mod:`study.spec.fields`, the ``search:`` distributions by :mod:`study.spec.search_space`; this module holds the
-:class:`Study`, the keys each section may name, and the checks across sections. A budget shorter than the schedule
-or the sampler needs is adapted to rather than refused (:attr:`Study.adaptation` says how).
+:mod:`study.spec.fields`, the ``search:`` distributions by :mod:`study.spec.search_space`, and the checks across
+sections (every search point, settings that only make sense together) live in :mod:`study.spec.checks`; this
+module holds the :class:`Study` and the keys each section may name. A budget shorter than the schedule or the
+sampler needs is adapted to rather than refused (:attr:`Study.adaptation` says how).
 
 The schema is documented in ``docs/sweep.md`` (pasted into the README) and summarised in ``SCHEMA_HELP``,
 which ``python -m study.sweep --help`` prints. Hyperparameter names in ``protocol``, ``fixed`` and ``search``
@@ -18,26 +19,17 @@ are exactly the keys of :class:`study.train.config.TrainConfig` and of the model
 
 from __future__ import annotations
 
-import itertools
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 import models
 from models import ConfigError
 from study.errors import UserError
+from study.spec.checks import check_combinations
 from study.spec.fields import (
-    DEFAULT_CHECKPOINTS,
     VALID_METRICS,
     Budget,
-    Checkpoints,
-    Resources,
-    Scheduler,
-    Searcher,
-    Tracking,
     read_budget,
     read_checkpoints,
     read_resources,
@@ -46,6 +38,7 @@ from study.spec.fields import (
     read_tracking,
     resolve_dataset,
 )
+from study.spec.resolved import Study
 from study.spec.search_space import SearchParam, read_search_param
 from study.spec.yaml_io import (
     NAME_PATTERN,
@@ -58,7 +51,7 @@ from study.spec.yaml_io import (
     typed,
 )
 from study.storage import resolve_storage
-from study.train.config import METRIC_KS, TRAIN_FIELDS, TrainConfig, coerce, field_type, split_settings
+from study.train.config import METRIC_KS, TRAIN_FIELDS, TrainConfig, coerce, field_type
 from study.train.results import EFFICIENCY_METRICS, PROTOCOL_SETTINGS
 
 SECTIONS = ("name", "model", "dataset", "protocol", "fixed", "search", "objectives", "budget", "scheduler",
@@ -69,10 +62,7 @@ REQUIRED = ("name", "model")
 EXECUTION_KEYS = ("device", "num_threads", "eval_batch_size", "measure_efficiency")
 SAMPLERS = ("auto", "tpe", "nsga2", "random", "grid")
 # Efficiency figures a trial measures once before its first epoch and reports with every epoch (see study.search.trial).
-MEASURED_OBJECTIVES = ("peak_mem_mb", "infer_ms_p50", "infer_ms_p95")  # need measure_efficiency
-MAX_CHECKED_POINTS = 4096  # beyond this many search combinations, check one key at a time
 DATA_SIZED = {"num_items", "num_users"}  # model sizes the trainer takes from the dataset, never set by hand
-MAX_BUILT_MODELS = 32  # models built to check the training objective, after de-duplicating their configs
 
 # Settings that one study may give in two places; a --set of either wins over the file.
 ALIASES = {("budget", "max_epochs"): ("fixed", "max_epochs"), ("seeds", "train"): ("fixed", "seed")}
@@ -105,85 +95,6 @@ study YAML (docs/sweep.md has the full reference):
 override any field with --set section.key=value (dotted; values are YAML: --set search.lr={choice: [0.001]})
 a shortened budget is never refused: --set budget.max_epochs=1 turns ASHA off, =2 lowers its grace period
 (one line says what changed; study.yaml records it)"""
-
-
-@dataclass
-class Study:
-    """A validated study. ``settings(point)`` gives the flat trial settings for one searched point."""
-
-    name: str
-    model: str
-    dataset: dict[str, Any]
-    protocol: dict[str, Any]
-    fixed: dict[str, Any]
-    search: dict[str, SearchParam]
-    objectives: dict[str, str]
-    budget: Budget
-    scheduler: Scheduler | None  # as the budget leaves it (see Scheduler.fit)
-    resources: Resources
-    sampler: str  # as written: auto | tpe | nsga2 | random | grid
-    searcher: Searcher  # the sampler it resolves to, with its settings
-    seeds: dict[str, int]
-    storage: Path  # the local folder every writer uses
-    storage_uri: str | None = None  # where that folder is mirrored (s3://…), if anywhere: see study.storage
-    source: Path | None = None
-    adaptation: str = ""  # what a budget shorter than the schedule or sampler needs changed, one line ("": nothing)
-    checked_points: int = 0
-    exhaustive_check: bool = True
-    checkpoint: Checkpoints = DEFAULT_CHECKPOINTS
-    tracking: Tracking = Tracking()
-
-    def settings(self, point: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Protocol + fixed keys + the budget's epochs + the training seed, then the searched point."""
-        base = {**self.protocol, **self.fixed, "max_epochs": self.budget.max_epochs}
-        if "seed" not in self.search:
-            base["seed"] = self.seeds["train"]
-        return {**base, **(point or {})}
-
-    @property
-    def is_grid(self) -> bool:
-        return any(p.kind == "grid" for p in self.search.values())
-
-    @property
-    def grid_size(self) -> int:
-        return math.prod(len(p.values) for p in self.search.values()) if self.is_grid else 0
-
-    @property
-    def resolved_sampler(self) -> str:
-        return self.searcher.sampler
-
-    def max_len_candidates(self) -> list[int]:
-        """Every input length a trial may use; the dataset is prepared once for the longest."""
-        if "max_len" in self.search:
-            param = self.search["max_len"]
-            return [int(v) for v in param.candidates()]
-        default = models.model_class(self.model).config_class.max_len
-        return [int(self.fixed.get("max_len", default))]
-
-    def to_dict(self) -> dict[str, Any]:
-        """The resolved study as plain YAML data (defaults filled in, overrides applied)."""
-        return {
-            "name": self.name,
-            "model": self.model,
-            "dataset": dict(self.dataset),
-            "protocol": dict(self.protocol),
-            "fixed": dict(self.fixed),
-            "search": {name: p.to_yaml() for name, p in self.search.items()},
-            "objectives": dict(self.objectives),
-            "budget": self.budget.to_dict(),
-            "scheduler": self.scheduler.to_dict() if self.scheduler else None,
-            "resources": self.resources.to_dict(),
-            # left out at its default, so that studies written before the section existed still --resume
-            **({"checkpoint": self.checkpoint.to_dict()} if self.checkpoint != DEFAULT_CHECKPOINTS else {}),
-            **({"tracking": self.tracking.to_dict()} if self.tracking != Tracking() else {}),
-            "sampler": self.sampler,
-            "searcher": self.searcher.to_dict(),
-            "seeds": dict(self.seeds),
-            "storage": self.storage_uri or str(self.storage),
-        }
-
-    def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None, width=120)
 
 
 def load_study(path: str | Path, assignments: list[str] | None = None, *, check_machine: bool = True) -> Study:
@@ -378,111 +289,10 @@ def resolve(data: dict[str, Any], *, source: Path | None = None, lines: dict[tup
                   adaptation="; ".join(notes), checkpoint=read_checkpoints(data, errors),
                   tracking=read_tracking(data, errors, study_name=str(name)))
     if model is not None:
-        _check_combinations(study, errors)
+        check_combinations(study, errors)
     if errors.items:
         raise StudyConfigError(errors.items)
     return study
-
-
-def _points(study: Study) -> tuple[list[dict[str, Any]], bool]:
-    """Search points to validate: the whole product of candidate values, or one key at a time when huge."""
-    names = list(study.search)
-    candidates = [study.search[name].candidates() for name in names]
-    if math.prod(len(c) for c in candidates) <= MAX_CHECKED_POINTS:
-        return [dict(zip(names, combo)) for combo in itertools.product(*candidates)], True
-    base = {name: values[0] for name, values in zip(names, candidates)}
-    points = [base]
-    for name, values in zip(names, candidates):
-        points += [{**base, name: value} for value in values[1:]]
-    return points, False
-
-
-def _data_placeholders(model: str) -> dict[str, int]:
-    """Placeholders for the sizes the trainer takes from the dataset: no constraint may depend on them."""
-    return {"num_items": 2, **({"num_users": 2} if models.model_class(model).needs_users else {})}
-
-
-def _check_combinations(study: Study, errors: ConfigErrors) -> None:
-    """Run every search point through split_settings + make_config, and check the training objective.
-
-    The model declares its own constraints (heads divide hidden size, ELASTIC's K square ...), so this stays
-    generic over the registry. ``num_items`` (and ``num_users``) are placeholders: the trainer sizes them from the data.
-    """
-    from study.train.objectives import resolve_objective
-
-    points, study.exhaustive_check = _points(study)
-    study.checked_points = len(points)
-    failures: dict[tuple[tuple, str], list[dict]] = {}
-    built: set[str] = set()
-    for point in points:
-        settings = study.settings(point)
-        try:
-            train_cfg, hparams = split_settings(study.model, settings)
-            models.make_config(study.model, **_data_placeholders(study.model), **hparams)
-        except ConfigError as error:
-            for key, message in error.errors:
-                failures.setdefault((_home(study, key), message), []).append(point)
-            continue
-        if study.resources.workers_per_trial > 1 and train_cfg.objective == "last":
-            errors.add(("protocol", "objective"), "objective last expands each user into a varying number of "
-                                                  "prefix batches, which data-parallel workers cannot keep in step; "
-                                                  "use workers_per_trial: 1")
-        identity = repr(sorted(hparams.items())) + train_cfg.objective
-        if identity not in built and len(built) < MAX_BUILT_MODELS:
-            built.add(identity)
-            try:
-                resolve_objective(models.build(study.model, **_data_placeholders(study.model), **hparams),
-                                  train_cfg.objective)
-            except ConfigError as error:
-                for key, message in error.errors:
-                    failures.setdefault((_home(study, key), message), []).append(point)
-    shown_per_key: dict[tuple, int] = {}
-    for (path, message), failing in failures.items():
-        shown_per_key[path] = shown_per_key.get(path, 0) + 1
-        if shown_per_key[path] > 3:  # three examples say enough about one key; more would bury other problems
-            continue
-        if not study.search or len(failing) == len(points):
-            errors.add(path, message)
-            continue
-        first = ", ".join(f"{k}={v}" for k, v in failing[0].items())
-        more = f"; {len(failing)} of {len(points)} points fail" if len(failing) > 1 else ""
-        errors.add(path, f"{message} (at search point {first}{more})")
-    _check_study_settings(study, errors)
-
-
-def _home(study: Study, key: str) -> tuple[str, str]:
-    """The section that sets ``key``, where an error about it is reported."""
-    if key in study.search:
-        return ("search", key)
-    if key in PROTOCOL_SETTINGS:
-        return ("protocol", key)
-    if key == "max_epochs":
-        return ("budget", "max_epochs")
-    if key == "seed":
-        return ("seeds", "train")
-    return ("fixed", key)
-
-
-def _check_study_settings(study: Study, errors: ConfigErrors) -> None:
-    """Combinations across sections: efficiency objectives need measuring, threads fit the CPU share."""
-    settings = study.settings({k: p.candidates()[0] for k, p in study.search.items()})
-    measure = settings.get("measure_efficiency", TrainConfig.measure_efficiency)
-    for metric in study.objectives:
-        if metric in MEASURED_OBJECTIVES and not coerce("measure_efficiency", measure, bool):
-            errors.add(("objectives", metric), "needs measure_efficiency: true (fixed.measure_efficiency is false)")
-    threads = settings.get("num_threads")
-    cpu = study.resources.cpu
-    if threads and int(threads) > max(1, math.floor(cpu)):
-        errors.add(("fixed", "num_threads"), f"{threads} threads on resources.cpu={cpu:g} oversubscribes the CPU "
-                                             "share of each trial; leave num_threads unset (= the CPU share)")
-    if study.dataset["stream"] and (settings.get("objective") == "last" or study.resources.workers_per_trial > 1):
-        errors.add(("dataset", "stream"), "needs workers_per_trial: 1 and an objective other than last")
-    device = str(settings.get("device", "auto"))
-    if study.resources.gpu > 0 and device == "cpu":
-        errors.add(("fixed", "device"), "device cpu with resources.gpu > 0 reserves a GPU that no trial uses")
-    if study.resources.gpu == 0 and device.startswith("cuda"):
-        errors.add(("fixed", "device"), f"device {device} needs resources.gpu > 0: Ray hides GPUs from trials "
-                                        "that reserve none")
 
 
 def _sampler_kind(sampler: str, kinds: set[str]) -> str:

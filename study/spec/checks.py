@@ -1,0 +1,124 @@
+"""Checks of a study across its sections, run once its sections are read (:func:`study.spec.sweep.resolve`).
+
+Every search point goes through :func:`study.train.config.split_settings` and ``models.make_config``, so the model
+declares its own constraints and the sweep never repeats them; then the settings that only make sense together
+(efficiency objectives and measuring, threads and the CPU share, streaming and the objective, device and GPUs).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import models
+from models import ConfigError
+from study.spec.resolved import Study
+from study.spec.yaml_io import ConfigErrors
+from study.train.config import TrainConfig, coerce, split_settings
+from study.train.results import PROTOCOL_SETTINGS
+
+MEASURED_OBJECTIVES = ("peak_mem_mb", "infer_ms_p50", "infer_ms_p95")  # need measure_efficiency
+MAX_CHECKED_POINTS = 4096  # beyond this many search combinations, check one key at a time
+MAX_BUILT_MODELS = 32  # models built to check the training objective, after de-duplicating their configs
+
+
+def _points(study: Study) -> tuple[list[dict[str, Any]], bool]:
+    """Search points to validate: the whole product of candidate values, or one key at a time when huge."""
+    names = list(study.search)
+    candidates = [study.search[name].candidates() for name in names]
+    if math.prod(len(c) for c in candidates) <= MAX_CHECKED_POINTS:
+        return [dict(zip(names, combo)) for combo in itertools.product(*candidates)], True
+    base = {name: values[0] for name, values in zip(names, candidates)}
+    points = [base]
+    for name, values in zip(names, candidates):
+        points += [{**base, name: value} for value in values[1:]]
+    return points, False
+
+
+def _data_placeholders(model: str) -> dict[str, int]:
+    """Placeholders for the sizes the trainer takes from the dataset: no constraint may depend on them."""
+    return {"num_items": 2, **({"num_users": 2} if models.model_class(model).needs_users else {})}
+
+
+def check_combinations(study: Study, errors: ConfigErrors) -> None:
+    """Run every search point through split_settings + make_config, and check the training objective.
+
+    The model declares its own constraints (heads divide hidden size, ELASTIC's K square ...), so this stays
+    generic over the registry. ``num_items`` (and ``num_users``) are placeholders: the trainer sizes them from the data.
+    """
+    from study.train.objectives import resolve_objective
+
+    points, study.exhaustive_check = _points(study)
+    study.checked_points = len(points)
+    failures: dict[tuple[tuple, str], list[dict]] = {}
+    built: set[str] = set()
+    for point in points:
+        settings = study.settings(point)
+        try:
+            train_cfg, hparams = split_settings(study.model, settings)
+            models.make_config(study.model, **_data_placeholders(study.model), **hparams)
+        except ConfigError as error:
+            for key, message in error.errors:
+                failures.setdefault((_home(study, key), message), []).append(point)
+            continue
+        if study.resources.workers_per_trial > 1 and train_cfg.objective == "last":
+            errors.add(("protocol", "objective"), "objective last expands each user into a varying number of "
+                                                  "prefix batches, which data-parallel workers cannot keep in step; "
+                                                  "use workers_per_trial: 1")
+        identity = repr(sorted(hparams.items())) + train_cfg.objective
+        if identity not in built and len(built) < MAX_BUILT_MODELS:
+            built.add(identity)
+            try:
+                resolve_objective(models.build(study.model, **_data_placeholders(study.model), **hparams),
+                                  train_cfg.objective)
+            except ConfigError as error:
+                for key, message in error.errors:
+                    failures.setdefault((_home(study, key), message), []).append(point)
+    shown_per_key: dict[tuple, int] = {}
+    for (path, message), failing in failures.items():
+        shown_per_key[path] = shown_per_key.get(path, 0) + 1
+        if shown_per_key[path] > 3:  # three examples say enough about one key; more would bury other problems
+            continue
+        if not study.search or len(failing) == len(points):
+            errors.add(path, message)
+            continue
+        first = ", ".join(f"{k}={v}" for k, v in failing[0].items())
+        more = f"; {len(failing)} of {len(points)} points fail" if len(failing) > 1 else ""
+        errors.add(path, f"{message} (at search point {first}{more})")
+    _check_study_settings(study, errors)
+
+
+def _home(study: Study, key: str) -> tuple[str, str]:
+    """The section that sets ``key``, where an error about it is reported."""
+    if key in study.search:
+        return ("search", key)
+    if key in PROTOCOL_SETTINGS:
+        return ("protocol", key)
+    if key == "max_epochs":
+        return ("budget", "max_epochs")
+    if key == "seed":
+        return ("seeds", "train")
+    return ("fixed", key)
+
+
+def _check_study_settings(study: Study, errors: ConfigErrors) -> None:
+    """Combinations across sections: efficiency objectives need measuring, threads fit the CPU share."""
+    settings = study.settings({k: p.candidates()[0] for k, p in study.search.items()})
+    measure = settings.get("measure_efficiency", TrainConfig.measure_efficiency)
+    for metric in study.objectives:
+        if metric in MEASURED_OBJECTIVES and not coerce("measure_efficiency", measure, bool):
+            errors.add(("objectives", metric), "needs measure_efficiency: true (fixed.measure_efficiency is false)")
+    threads = settings.get("num_threads")
+    cpu = study.resources.cpu
+    if threads and int(threads) > max(1, math.floor(cpu)):
+        errors.add(("fixed", "num_threads"), f"{threads} threads on resources.cpu={cpu:g} oversubscribes the CPU "
+                                             "share of each trial; leave num_threads unset (= the CPU share)")
+    if study.dataset["stream"] and (settings.get("objective") == "last" or study.resources.workers_per_trial > 1):
+        errors.add(("dataset", "stream"), "needs workers_per_trial: 1 and an objective other than last")
+    device = str(settings.get("device", "auto"))
+    if study.resources.gpu > 0 and device == "cpu":
+        errors.add(("fixed", "device"), "device cpu with resources.gpu > 0 reserves a GPU that no trial uses")
+    if study.resources.gpu == 0 and device.startswith("cuda"):
+        errors.add(("fixed", "device"), f"device {device} needs resources.gpu > 0: Ray hides GPUs from trials "
+                                        "that reserve none")
