@@ -1,0 +1,71 @@
+"""The reproduction report's verdicts: a claim or a published row holds exactly when its stated rule says so, and
+the published-row studies run only on the datasets whose table they rerun."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from benchmarks.reproduction import (
+    CLAIMS,
+    PUBLISHED,
+    PUBLISHED_STUDIES,
+    STUDY_DIR,
+    build_parser,
+    claim_lines,
+    published_lines,
+)
+
+
+def seeds(ndcg: list[float], hr: list[float] | None = None) -> pd.DataFrame:
+    """One study's per-seed test metrics, indexed by seed as ``seed_values`` returns them."""
+    hr = hr or [2 * value for value in ndcg]
+    return pd.DataFrame({"test_ndcg@10": ndcg, "test_hr@10": hr, "test_mrr@10": [v / 2 for v in ndcg]},
+                        index=pd.Index(range(1, len(ndcg) + 1), name="seed"))
+
+
+def test_a_published_row_is_matched_within_five_percent_or_above() -> None:
+    row = next(r for r in PUBLISHED if r.study == "sasrec-s3rec-bce" and r.dataset == "lastfm")
+    just_inside = seeds([row.ndcg10 * 0.96] * 3)
+    just_outside = seeds([row.ndcg10 * 0.94] * 3)
+    above = seeds([row.ndcg10 * 1.30] * 3)
+    for values, verdict in ((just_inside, "**holds**"), (just_outside, "**does not hold**"), (above, "**holds**")):
+        [line] = published_lines("lastfm", {"sasrec-s3rec-bce": values})
+        assert line.startswith(f"- {verdict}: sasrec-s3rec-bce within 5 %"), line
+        assert f"NDCG@10 {row.ndcg10:.4f}" in line and "n = 3" in line
+
+
+def test_the_ce_study_must_beat_the_row_and_each_dataset_uses_its_own_row() -> None:
+    lastfm = next(r for r in PUBLISHED if r.study == "sasrec-s3rec-ce" and r.dataset == "lastfm")
+    beauty = next(r for r in PUBLISHED if r.study == "sasrec-s3rec-ce" and r.dataset == "beauty")
+    between = seeds([(lastfm.ndcg10 + beauty.ndcg10) / 2] * 2)  # above Beauty's row, below LastFM's
+    [on_lastfm] = published_lines("lastfm", {"sasrec-s3rec-ce": between})
+    [on_beauty] = published_lines("beauty", {"sasrec-s3rec-ce": between})
+    assert on_lastfm.startswith("- **does not hold**") and on_beauty.startswith("- **holds**")
+    assert published_lines("ml-100k", {"sasrec-s3rec-ce": between}) == []  # no published row for ml-100k
+
+
+def test_ratio_claims_hold_above_their_bound_and_better_claims_need_a_significant_gain() -> None:
+    sasrec = seeds([0.050, 0.052, 0.054, 0.051, 0.053])
+    bert_above = seeds([0.91 * v for v in sasrec["test_ndcg@10"]])
+    bert_below = seeds([0.89 * v for v in sasrec["test_ndcg@10"]])
+    ratio_claim = tuple(c for c in CLAIMS if c.candidate == "bert4rec")
+    [line] = claim_lines({"sasrec": sasrec, "bert4rec": bert_above}, ratio_claim)
+    assert line.startswith("- **holds**") and "ratio 0.910" in line
+    [line] = claim_lines({"sasrec": sasrec, "bert4rec": bert_below}, ratio_claim)
+    assert line.startswith("- **does not hold**") and "ratio 0.890" in line
+
+    better_claim = tuple(c for c in CLAIMS if c.candidate == "hstu")
+    clearly_better = seeds([v + 0.010 + 0.001 * i for i, v in enumerate(sasrec["test_ndcg@10"])])
+    noisy = seeds([v + d for v, d in zip(sasrec["test_ndcg@10"], (0.004, -0.003, 0.002, -0.002, 0.001))])
+    [line] = claim_lines({"sasrec": sasrec, "hstu": clearly_better}, better_claim)
+    assert line.startswith("- **holds**"), line
+    [line] = claim_lines({"sasrec": sasrec, "hstu": noisy}, better_claim)
+    assert line.startswith("- **does not hold**") and "the test does not separate them" in line
+
+
+def test_every_published_study_has_a_study_file_and_can_be_chosen() -> None:
+    assert {row.study for row in PUBLISHED} == set(PUBLISHED_STUDIES)
+    assert {row.dataset for row in PUBLISHED} == {"lastfm", "beauty"}
+    for study in PUBLISHED_STUDIES:
+        assert (STUDY_DIR / f"{study}.yaml").is_file()
+    assert build_parser().parse_args(["--studies", *PUBLISHED_STUDIES]).studies == list(PUBLISHED_STUDIES)
