@@ -355,9 +355,10 @@ def report(dataset: str, folders: dict[str, Path], args: argparse.Namespace) -> 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ml100k", help="local ml-100k file/zip (default: download from GroupLens)")
-    parser.add_argument("--lastfm", help="the S3Rec LastFM.txt (LastFM is skipped without it)")
-    parser.add_argument("--beauty", help="the S3Rec Beauty.txt (Beauty is skipped without it)")
-    parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
+    parser.add_argument("--lastfm", help="the S3Rec LastFM.txt (no LastFM study runs without it)")
+    parser.add_argument("--beauty", help="the S3Rec Beauty.txt (no Beauty study runs without it)")
+    parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS),
+                        help="the datasets to run studies on (the report covers every dataset with results)")
     parser.add_argument("--studies", nargs="+", default=[*MAIN_STUDIES, *ABLATIONS, *PUBLISHED_STUDIES],
                         choices=[*MAIN_STUDIES, *ABLATIONS, *PUBLISHED_STUDIES])
     parser.add_argument("--num-cpus", type=int, help="CPUs of the embedded Ray (default: the machine's)")
@@ -377,15 +378,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.sources = {"ml-100k": args.ml100k, "lastfm": args.lastfm, "beauty": args.beauty}
     sections = []
-    for dataset in args.datasets:
-        if dataset != "ml-100k" and not args.sources[dataset]:
-            print(f"{dataset}: skipped, give --{dataset} PATH", file=sys.stderr)
-            continue
-        # --studies says which studies run; the report always covers every study of the dataset that has results
+    # --datasets and --studies say what runs; the report covers every dataset and study that has results
+    for dataset in DATASETS:
+        runs = dataset in args.datasets and not args.report_only
+        if runs and dataset != "ml-100k" and not args.sources[dataset]:
+            print(f"{dataset}: not run, give --{dataset} PATH", file=sys.stderr)
+            runs = False
         reported = [*MAIN_STUDIES, *ABLATIONS]
         if dataset == "beauty":
             chosen = best_efficient(args)
-            if not chosen:
+            if runs and not chosen:
                 print("beauty: the model comparison waits until every efficient model ran on ml-100k and lastfm",
                       file=sys.stderr)
             reported = ["sasrec", "bert4rec", *chosen] if chosen else []
@@ -393,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         folders = {}
         for study in reported:
             folder = RESULTS / study_name(dataset, study, args.quick)
-            if study in args.studies and not args.report_only:
+            if runs and study in args.studies:
                 run_study(dataset, study, args)
             if finished_seeds(folder):
                 folders[study] = folder
