@@ -19,7 +19,8 @@ from models import ConfigError
 EVAL_MODES = ("full", "sampled")
 NEGATIVE_SAMPLERS = ("uniform", "popularity")
 METRIC_KS = (5, 10, 20)
-SELECTION_METRIC = "ndcg@10"
+SELECTION_METRIC = "ndcg@10"  # the default validation metric that picks the best epoch
+SELECTABLE_METRICS = tuple(f"{name}@{k}" for name in ("hr", "ndcg", "mrr") for k in METRIC_KS)
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
@@ -43,7 +44,10 @@ class TrainConfig:
     weight_decay: float = 0.0
     batch_size: int = 128
     max_epochs: int = 200
-    patience: int = 10  # epochs without a better validation NDCG@10 before stopping
+    patience: int = 10  # epochs without a better validation score (selection_metric) before stopping
+    # the validation metric that picks the best epoch (whose test metrics are reported) and drives early stopping;
+    # a published protocol may use another (S3Rec's stops on NDCG@20)
+    selection_metric: str = SELECTION_METRIC
     time_budget_s: float = 0.0  # 0 = no limit; otherwise stop after the epoch that crosses it
     grad_clip: float = 0.0
     seed: int = 0
@@ -85,6 +89,8 @@ class TrainConfig:
                 errors.append((key, f"must be >= 0, got {getattr(self, key)}"))
         if self.lr <= 0:
             errors.append(("lr", f"must be > 0, got {self.lr}"))
+        if self.selection_metric not in SELECTABLE_METRICS:
+            errors.append(("selection_metric", f"must be one of {SELECTABLE_METRICS}, got {self.selection_metric!r}"))
         if self.precision not in PRECISIONS:
             errors.append(("precision", f"must be one of {PRECISIONS}, got {self.precision!r}"))
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):

@@ -27,7 +27,8 @@ from study.train.config import TrainConfig
 EFFICIENCY_METRICS = ("params", "peak_mem_mb", "infer_ms_p50", "infer_ms_p95", "train_throughput", "epoch_time_s")
 # The evaluation-protocol settings a study fixes for all its trials (the ``protocol:`` section of a study file);
 # ``protocol_of`` records them, with the objective that actually ran, in every row.
-PROTOCOL_SETTINGS = ("objective", "eval_mode", "num_negatives", "negative_sampler", "mask_history")
+PROTOCOL_SETTINGS = ("objective", "eval_mode", "num_negatives", "negative_sampler", "mask_history",
+                     "selection_metric")
 
 
 def protocol_of(train_cfg: TrainConfig, objective: str) -> dict[str, Any]:
@@ -37,6 +38,7 @@ def protocol_of(train_cfg: TrainConfig, objective: str) -> dict[str, Any]:
         "num_negatives": train_cfg.num_negatives if train_cfg.eval_mode == "sampled" else 0,
         "negative_sampler": train_cfg.negative_sampler if train_cfg.eval_mode == "sampled" else "",
         "mask_history": train_cfg.mask_history,
+        "selection_metric": train_cfg.selection_metric,
     }
 
 

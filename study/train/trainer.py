@@ -206,6 +206,7 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
                         mask_history=train_cfg.mask_history, negatives=negatives.get(split_name), strict=True,
                         trim=train_cfg.trim_padding)
 
+    selection = train_cfg.selection_metric
     best_valid: dict[str, float] = {}
     best_test: dict[str, float] = {}
     best_epoch, best_state, epochs_without_gain = 0, None, 0
@@ -263,7 +264,7 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
                 valid = score("valid")
             except NonFiniteScores as error:
                 raise NonFiniteScores(f"validation after epoch {epoch}: {error}") from None
-            if not best_valid or valid[SELECTION_METRIC] > best_valid[SELECTION_METRIC]:
+            if not best_valid or valid[selection] > best_valid[selection]:
                 best_valid, best_epoch, epochs_without_gain = valid, epoch, 0
                 best_test = score("test")
                 best_state = copy.deepcopy(model.state_dict())
@@ -281,8 +282,8 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
             finished = (best_valid, best_test, best_epoch, best_state, epochs_without_gain)
             if not steps_per_epoch:
                 bar.update(1)
-            bar.set_postfix(epoch=epoch, loss=f"{report.train_loss:.3f}", ndcg10=f"{valid[SELECTION_METRIC]:.4f}",
-                            best=f"{best_valid[SELECTION_METRIC]:.4f}@{best_epoch}")
+            bar.set_postfix({"epoch": epoch, "loss": f"{report.train_loss:.3f}", selection: f"{valid[selection]:.4f}",
+                             "best": f"{best_valid[selection]:.4f}@{best_epoch}"})
             if callback is not None:
                 callback(report)
             if train_cfg.patience and epochs_without_gain >= train_cfg.patience:

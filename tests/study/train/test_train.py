@@ -40,6 +40,19 @@ def test_same_seed_gives_identical_metrics_and_reports_every_epoch(synthetic):
     assert first["test_ndcg@10"] == reports[-1].best_test["ndcg@10"]
 
 
+def test_the_selection_metric_picks_the_best_epoch_and_drives_early_stopping(synthetic):
+    reports = []
+    settings = {**QUICK, "max_epochs": 6, "seed": 5, "lr": 0.01, "selection_metric": "mrr@5", "patience": 2}
+    result = run_trial("sasrec", synthetic, settings, callback=reports.append)
+    scores = [r.valid["mrr@5"] for r in reports]
+    best = max(range(len(scores)), key=lambda i: (scores[i], -i))  # the first epoch with the highest score
+    assert result["best_epoch"] == reports[best].epoch and result["valid_mrr@5"] == scores[best]
+    assert result["selection_metric"] == "mrr@5"  # recorded with the protocol
+    # it stopped after `patience` epochs without a better score, or ran out of epochs
+    assert len(reports) == min(6, reports[best].epoch + 2)
+    assert all(score <= scores[best] for score in scores[best + 1:])
+
+
 def test_result_records_protocol_and_efficiency(synthetic):
     result = run_trial("sasrec", synthetic, {**QUICK, "max_epochs": 1, "measure_efficiency": True,
                                           "eval_mode": "sampled", "num_negatives": 50})
@@ -106,6 +119,7 @@ def test_cli_trains_and_prints_one_json_line(cli_env):
     (["--set", "num_heads=3"], "num_heads: must divide hidden_size=64"),
     (["--set", "objective=cloze"], "cannot train with 'cloze'"),
     (["--set", "max_epochs"], "expected key=value"),
+    (["--set", "selection_metric=ndcg@50"], "selection_metric: must be one of"),
 ])
 def test_cli_bad_input_is_one_clear_line_with_exit_code_2(args, message, cli_env):
     done = _cli("--dataset", "synthetic", *args, "--no-progress", env=cli_env)
