@@ -17,11 +17,11 @@ Every study file of ``search_spaces/reproduction/`` is one zoo model at its pape
    is outside the markers (the reasons, written by a person who read the numbers) is kept as it is.
 
 Beauty runs SASRec, BERT4Rec and the two efficient models with the best mean NDCG@10 ratio to SASRec on ml-100k and
-LastFM (it waits until those studies exist). On LastFM and Beauty, ``sasrec-s3rec-bce`` and ``sasrec-s3rec-ce`` rerun
-SASRec under the protocol of S3Rec's all-item ranking table (history masked, batch 256, early stopping on validation
-NDCG@20; S3Rec's BCE with one negative, then the zoo's causal CE) and are set against that table's published SASRec row, not against the other
-studies. An interrupted run continues where it stopped: a finished study is
-never rerun, and an unfinished one resumes from Tune's state. ``--quick`` is a smoke run of the whole pipeline
+LastFM (it waits until those studies exist). On LastFM and Beauty, ``sasrec-s3rec-bce`` and ``sasrec-s3rec-ce``
+rerun SASRec under the protocol of S3Rec's all-item ranking table (history masked, batch 256, early stopping on
+validation NDCG@20; S3Rec's BCE with one negative, then the zoo's causal CE) and are set against that table's
+published SASRec row, not against the other studies. An interrupted run continues where it stopped: a finished study
+is never rerun, and an unfinished one resumes from Tune's state. ``--quick`` is a smoke run of the whole pipeline
 (two seeds, two epochs, five prefixes per user) under ``repro-quick-*`` names, written to results/, never to docs/.
 """
 
