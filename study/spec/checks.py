@@ -18,7 +18,9 @@ from study.spec.yaml_io import ConfigErrors
 from study.train.config import TrainConfig, coerce, split_settings
 from study.train.results import PROTOCOL_SETTINGS
 
-MEASURED_OBJECTIVES = ("peak_mem_mb", "infer_ms_p50", "infer_ms_p95")  # need measure_efficiency
+# Efficiency figures a trial measures once before its first epoch and reports with every epoch (see
+# study.search.trial): an objective on one of them needs measure_efficiency
+MEASURED_OBJECTIVES = ("peak_mem_mb", "infer_ms_p50", "infer_ms_p95")
 MAX_CHECKED_POINTS = 4096  # beyond this many search combinations, check one key at a time
 MAX_BUILT_MODELS = 32  # models built to check the training objective, after de-duplicating their configs
 

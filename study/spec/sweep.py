@@ -61,7 +61,6 @@ REQUIRED = ("name", "model")
 # How a trial runs, not what it learns: set by the sweep from the resources, never searched.
 EXECUTION_KEYS = ("device", "num_threads", "eval_batch_size", "measure_efficiency")
 SAMPLERS = ("auto", "tpe", "nsga2", "random", "grid")
-# Efficiency figures a trial measures once before its first epoch and reports with every epoch (see study.search.trial).
 DATA_SIZED = {"num_items", "num_users"}  # model sizes the trainer takes from the dataset, never set by hand
 
 # Settings that one study may give in two places; a --set of either wins over the file.
