@@ -57,7 +57,6 @@ from study.train.results import EFFICIENCY_METRICS, PROTOCOL_SETTINGS
 SECTIONS = ("name", "model", "dataset", "protocol", "fixed", "search", "objectives", "budget", "scheduler",
             "resources", "checkpoint", "tracking", "sampler", "searcher", "seeds", "storage")
 REQUIRED = ("name", "model")
-# The evaluation protocol is fixed for a whole study: metrics measured under different protocols are not comparable.
 # How a trial runs, not what it learns: set by the sweep from the resources, never searched.
 EXECUTION_KEYS = ("device", "num_threads", "eval_batch_size", "measure_efficiency")
 SAMPLERS = ("auto", "tpe", "nsga2", "random", "grid")
