@@ -2,12 +2,11 @@
 
     python -m study.train --model sasrec --dataset ml-100k [--source PATH] [--set key=value ...]
 
-Flow: prepared dataset → :class:`TrialData` (numpy windows cropped to the model's ``max_len``) →
-epochs of the chosen objective → validation metrics each epoch → early stopping on ``selection_metric`` (NDCG@10
-by default). Test metrics are
-computed whenever validation improves, so the reported test figures always belong to the
-best-validation epoch — even if a scheduler stops the trial early — and are never used to select
-anything. A per-epoch callback receives an :class:`EpochReport`; Ray Tune hooks in there.
+Flow: prepared dataset → :class:`TrialData` (numpy windows cropped to the model's ``max_len``) → epochs of the
+chosen objective → validation metrics each epoch → early stopping on ``selection_metric`` (NDCG@10 by default). Test
+metrics are computed whenever validation improves, so the reported test figures always belong to the best-validation
+epoch — even if a scheduler stops the trial early — and are never used to select anything. A per-epoch callback
+receives an :class:`EpochReport`; Ray Tune hooks in there.
 """
 
 from __future__ import annotations
