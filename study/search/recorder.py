@@ -2,7 +2,8 @@
 
 * ``trials/<trial_id>.json``: written by the driver the moment a trial ends (ok, stopped or failed). These records
   are the source of truth: a study killed with SIGKILL keeps every trial that finished, and a resumed trial whose
-  record exists is replayed instead of retrained.
+  record exists is replayed instead of retrained, unless the record says its process was lost
+  (:func:`lost_process`): a trial killed with its study trains again on ``--resume``.
 * ``trials.parquet`` + ``trials.csv``: one row per trial (schema of :mod:`study.train.results` plus the sweep's columns:
   ``trial_id``, ``stop_reason``, ``step_time_ms``, ``config.<key>`` for every setting, ``optuna_number``).
 * ``history.parquet``: one row per trial and epoch.
@@ -40,6 +41,11 @@ from study.train.results import json_safe, protocol_of
 
 EPOCH_KEYS = ("epoch", "train_loss", "best_epoch", "epoch_time_s", "throughput", "wall_time_s")
 STATUS_OK, STATUS_FAILED = "ok", "failed"
+# Ray's errors for a trial whose worker process or node went away rather than one its own code raised: a study
+# stopped with SIGTERM or a lost node ends its running trials with these. They say nothing about the configuration,
+# so such a trial trains again on --resume instead of being replayed as failed.
+LOST_PROCESS_ERRORS = frozenset({"ActorDiedError", "ActorUnavailableError", "RayActorError", "WorkerCrashedError",
+                                 "NodeDiedError", "OwnerDiedError", "LocalRayletDiedError"})
 
 
 def atomic_write(path: Path, write: Callable[[io.BufferedWriter], None]) -> None:
@@ -129,6 +135,12 @@ def read_records(records_dir: Path) -> dict[str, dict[str, Any]]:
                 continue  # only complete files exist under their final name; anything else is not ours
             records[record["trial_id"]] = record
     return records
+
+
+def lost_process(record: dict[str, Any]) -> bool:
+    """Whether a failed record failed because its process was lost (see ``LOST_PROCESS_ERRORS``)."""
+    error = record.get("error") or ""
+    return record["status"] == STATUS_FAILED and error.split(":", 1)[0].strip() in LOST_PROCESS_ERRORS
 
 
 def stop_reason(status: str, last: dict[str, Any], settings: dict[str, Any], *, scheduler_stop: bool,
@@ -400,6 +412,11 @@ class SweepRecorder(Callback):
         self.last = {}
         self.history = read_partial_histories(Path(self.out_dir) / RECORDS_DIR)
         self.records = read_records(Path(self.out_dir) / RECORDS_DIR)
+        for trial_id, record in self.records.items():
+            if lost_process(record) and trial_id not in self.history:
+                # it trains again, from its last checkpoint if it has one: keep the epochs it reported, as for a
+                # trial that was running when the study was killed
+                self.history[trial_id] = record["history"]
         budget = self.context["study_time_budget_s"]
         self.deadline = time.time() + budget if budget else math.inf
         self._writer = TableWriter(self._write_tables)
@@ -427,9 +444,10 @@ class SweepRecorder(Callback):
 
     def _record(self, trial: Any, status: str, error: str) -> None:
         last = self.last.pop(trial.trial_id, None) or {}
-        if last.get("replayed") or (trial.trial_id in self.records and status == STATUS_FAILED
-                                    and self.records[trial.trial_id]["status"] == STATUS_FAILED):
-            return  # already recorded before an interruption
+        earlier = self.records.get(trial.trial_id)
+        if last.get("replayed") or (status == STATUS_FAILED and earlier is not None
+                                    and earlier["status"] == STATUS_FAILED and not lost_process(earlier)):
+            return  # recorded before an interruption and replayed now (a lost process trains again instead)
         settings = {**self.context["base_settings"], **trial.config}
         report = {k: v for k, v in last.items() if k not in _TUNE_BOOKKEEPING}
         record = {

@@ -283,8 +283,10 @@ def _drive(study: Study, out: Path, mirror: Mirror, base_data: TrialData, train_
     # (a trial killed mid-write) or looked up under a study folder's earlier path; its warnings would only confuse
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
     if resume:
+        # errored trials start again too: one whose record holds its failure replays it at once (replay_recorded),
+        # one whose process was lost (the study stopped under it) trains again, from its last checkpoint if any
         tuner = tune.Tuner.restore(str(out / TUNE_DIR), trainable=trainable, resume_unfinished=True,
-                                   resume_errored=False, restart_errored=False)
+                                   resume_errored=True, restart_errored=False)
         _relocate(tuner, out, mirror, storage_url)
     else:
         recorder = SweepRecorder(str(out), _row_context(study, base_data.meta), mirror)

@@ -14,6 +14,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import optuna
 from optuna.trial import TrialState
 from ray.tune.search.optuna import OptunaSearch
 
@@ -34,8 +35,6 @@ class StudySearch(OptunaSearch):
     """
 
     def __init__(self, *args: Any, storage_url: str, **kwargs: Any):
-        import optuna
-
         super().__init__(*args, storage=optuna.storages.RDBStorage(storage_url), **kwargs)
         self._storage_url = storage_url
 
@@ -65,11 +64,24 @@ class StudySearch(OptunaSearch):
         with open(checkpoint_path, "rb") as saved:
             self.__dict__.update(pickle.load(saved))
         self.relocate(here)
+        self.close_interrupted()
+
+    def close_interrupted(self) -> None:
+        """Fail the Optuna trials a stopped session began after its last saved state, marked ``interrupted``.
+
+        Tune resumes only the trials its saved state holds, which are the ones this searcher knows; Optuna may
+        hold later ones, suggested just before the stop, that no Tune trial will ever report. Left RUNNING they
+        would count as taken grid points (:class:`StudyGridSampler`) and the grid would run others twice.
+        """
+        known = {trial._trial_id for trial in self._ot_trials.values()}
+        for trial in self._ot_study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if trial._trial_id not in known:
+                self._ot_study._storage.set_trial_user_attr(trial._trial_id, "note", INTERRUPTED_NOTE)
+                self._ot_study._storage.set_trial_user_attr(trial._trial_id, "interrupted", True)
+                self._ot_study.tell(trial.number, state=TrialState.FAIL)
 
     def relocate(self, storage_url: str) -> None:
         """Use the Optuna database at ``storage_url`` (the study's and its trials' ids are kept in the file)."""
-        import optuna
-
         storage = optuna.storages.RDBStorage(storage_url)
         study = optuna.load_study(study_name=self._study_name, storage=storage, sampler=self._sampler,
                                   pruner=optuna.pruners.NopPruner())
@@ -92,12 +104,30 @@ class StudySearch(OptunaSearch):
             super().on_trial_result(trial_id, result)
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
-        if trial_id in self._completed_trials or trial_id not in self._ot_trials:
+        if trial_id not in self._ot_trials:
             return
-        if self._finished_in_storage(trial_id):  # told before an interruption; its record is replayed now
+        state, values = self._outcome(result, error)
+        if self._finished_in_storage(trial_id):  # (Tune ends a trial once a session: this is a later session)
+            # told before an interruption: replayed now, or trained again because its process was lost, in which
+            # case Optuna holds a FAIL (a told trial is final) and gets the real outcome as a trial of its own
+            stored = self._ot_study._storage.get_trial(self._ot_trials[trial_id]._trial_id)
+            if stored.state == TrialState.FAIL and state == TrialState.COMPLETE:
+                self._ot_study.add_trial(optuna.trial.create_trial(
+                    params=stored.params, distributions=stored.distributions,
+                    values=values, state=state,
+                    user_attrs={"tune_trial_id": trial_id, "note": "trained again after an interrupted session"}))
             self._completed_trials.add(trial_id)
             return
-        ot_trial = self._ot_trials[trial_id]
+        try:
+            self._ot_study.tell(self._ot_trials[trial_id], values, state=state)
+        except RuntimeError as exc:
+            # the grid sampler calls study.stop() after the last point, which only works inside optimize()
+            if "Study.stop" not in str(exc):
+                raise
+        self._completed_trials.add(trial_id)
+
+    def _outcome(self, result: dict | None, error: bool) -> tuple[TrialState, list[float] | None]:
+        """The Optuna state and objective values of a Tune trial that ended (see the class docstring)."""
         metrics = self._metric if isinstance(self._metric, list) else [self._metric]
         values = [result.get(m) for m in metrics] if result and not error else None
         if values is not None and not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
@@ -108,15 +138,7 @@ class StudySearch(OptunaSearch):
             state = TrialState.PRUNED
         else:
             state = TrialState.COMPLETE
-        if values is not None and not isinstance(self._metric, list):
-            values = values[0]
-        try:
-            self._ot_study.tell(ot_trial, values, state=state)
-        except RuntimeError as exc:
-            # the grid sampler calls study.stop() after the last point, which only works inside optimize()
-            if "Study.stop" not in str(exc):
-                raise
-        self._completed_trials.add(trial_id)
+        return state, values
 
     def _finished_in_storage(self, trial_id: str) -> bool:
         ot_trial = self._ot_trials.get(trial_id)
@@ -125,13 +147,35 @@ class StudySearch(OptunaSearch):
         return self._ot_study._storage.get_trial(ot_trial._trial_id).state.is_finished()
 
 
+INTERRUPTED_NOTE = "orphaned by an interrupted session"
+
+
+class StudyGridSampler(optuna.samplers.GridSampler):
+    """Optuna's grid, where a point whose trial an interrupted session left behind is still to be run.
+
+    Optuna counts every finished trial's point as visited, and once none is left hands out running points again.
+    A trial failed by :meth:`StudySearch.close_interrupted` never ran, so its point stays open: a resumed grid runs
+    every point once (the trials Tune resumes keep theirs).
+    """
+
+    def _get_unvisited_grid_ids(self, study: optuna.Study) -> list[int]:
+        visited, running = set(), set()
+        for trial in study._storage.get_all_trials(study._study_id, deepcopy=False):
+            if "grid_id" not in trial.system_attrs or not self._same_search_space(trial.system_attrs["search_space"]):
+                continue
+            if trial.state == TrialState.RUNNING:
+                running.add(trial.system_attrs["grid_id"])
+            elif trial.state.is_finished() and not trial.user_attrs.get("interrupted"):
+                visited.add(trial.system_attrs["grid_id"])
+        grid = set(range(self._n_min_trials))
+        return sorted(grid - visited - running) or sorted(grid - visited)
+
+
 def make_sampler(study: Study) -> Any:
     """The Optuna sampler ``study.searcher`` describes, seeded by ``seeds.sampler``."""
-    import optuna
-
     searcher, seed = study.searcher, study.seeds["sampler"]
     if searcher.sampler == "grid":
-        return optuna.samplers.GridSampler({n: p.values for n, p in study.search.items()}, seed=seed)
+        return StudyGridSampler({n: p.values for n, p in study.search.items()}, seed=seed)
     if searcher.sampler == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if searcher.sampler == "nsga2":
@@ -144,7 +188,6 @@ def make_sampler(study: Study) -> Any:
 
 def make_searcher(study: Study, storage_url: str) -> Any:
     """Optuna over the study's search space, persisted in SQLite; the sampler follows ``study.searcher``."""
-    import optuna
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
     space = {}
@@ -180,13 +223,11 @@ def make_scheduler(study: Study) -> Any:
 
 def close_orphans(storage_url: str, study_name: str) -> dict[str, int]:
     """Mark Optuna trials left RUNNING by an interrupted session as FAIL; map Tune trial ids to Optuna numbers."""
-    import optuna
-
     study = optuna.load_study(study_name=study_name, storage=storage_url)
     numbers = {}
     for trial in study.get_trials(deepcopy=False):
         if trial.state == TrialState.RUNNING:
-            study._storage.set_trial_user_attr(trial._trial_id, "note", "orphaned by an interrupted session")
+            study._storage.set_trial_user_attr(trial._trial_id, "note", INTERRUPTED_NOTE)
             study.tell(trial.number, state=TrialState.FAIL)
         tune_id = trial.user_attrs.get("tune_trial_id")
         if tune_id:

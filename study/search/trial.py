@@ -30,7 +30,7 @@ import numpy as np
 
 import models
 from study.cluster import node_identity
-from study.search.recorder import STATUS_OK
+from study.search.recorder import STATUS_OK, lost_process
 from study.train.results import json_safe
 from study.train.trainer import TrialData
 
@@ -253,12 +253,16 @@ class TrialFailed(RuntimeError):
 def replay_recorded(plan: TrialPlan) -> bool:
     """Replay a trial the driver recorded before a crash that Tune's own state missed; True when replayed.
 
-    Retraining it would waste its compute and could give another result than the one already in its record.
+    Retraining it would waste its compute and could give another result than the one already in its record. A
+    failure is replayed (raised again) unless the trial's process was lost, as when the study itself was stopped:
+    that trial trains again (False).
     """
     from ray import tune
 
     record = (plan.recorded or {}).get(tune.get_context().get_trial_id())
     if record is None:
+        return False
+    if lost_process(record):
         return False
     if record["status"] != STATUS_OK:
         raise TrialFailed(record.get("error") or "failed before the study was interrupted")

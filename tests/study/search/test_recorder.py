@@ -74,3 +74,37 @@ def test_a_failed_rewrite_is_raised_on_the_loops_thread() -> None:
     writer.request()
     with pytest.raises(OSError, match="disk full"):
         writer.close()
+
+
+def test_a_trial_that_lost_its_process_is_recorded_again_and_a_replayed_failure_is_not(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    errors = {"lost": "ActorDiedError: The actor died unexpectedly before finishing this task.",
+              "nan": "NonFiniteLoss: non-finite training loss at epoch 1"}
+    first = _recorder(tmp_path)
+    first.setup()
+    for trial_id in errors:
+        trial = SimpleNamespace(trial_id=trial_id, config={"lr": 0.01})
+        first.on_trial_result(1, [], trial, {"epoch": 1, "best_epoch": 1, "train_loss": 1.0,
+                                             "best_valid_ndcg@10": 0.1, "done": False})
+        monkeypatch.setattr(recorder_module, "_error_message", lambda trial: errors[trial.trial_id])
+        first.on_trial_error(1, [], trial)
+    first.on_experiment_end(trials=[])
+    records = read_records(tmp_path / "trials")
+    assert [recorder_module.lost_process(records[t]) for t in errors] == [True, False]
+
+    second = pickle.loads(pickle.dumps(first))  # --resume: the lost trial trains again, the other replays
+    second.setup()
+    assert [row["epoch"] for row in second.history["lost"]] == [1]  # kept, as a killed trial's epochs are
+    trial = SimpleNamespace(trial_id="lost", config={"lr": 0.01})
+    for epoch in (2, 3):  # as from a checkpoint at epoch 1
+        second.on_trial_result(epoch, [], trial, {"epoch": epoch, "best_epoch": epoch, "train_loss": 1.0 / epoch,
+                                                  "best_valid_ndcg@10": 0.1 * epoch, "done": False})
+    second.on_trial_complete(3, [], trial)
+    monkeypatch.setattr(recorder_module, "_error_message", lambda trial: "TrialFailed: " + errors["nan"])
+    second.on_trial_error(1, [], SimpleNamespace(trial_id="nan", config={"lr": 0.01}))
+    second.on_experiment_end(trials=[])
+    resumed = read_records(tmp_path / "trials")
+    assert (resumed["lost"]["status"], [row["epoch"] for row in resumed["lost"]["history"]]) == ("ok", [1, 2, 3])
+    assert resumed["nan"] == records["nan"]
+    trials = pd.read_parquet(tmp_path / "trials.parquet").set_index("trial_id")
+    assert trials.loc["lost", "status"] == "ok" and trials.loc["nan", "error"] == errors["nan"]

@@ -19,6 +19,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pandas as pd
@@ -93,6 +94,77 @@ def test_kill_9_then_resume_elsewhere_loses_no_finished_trial(tmp_path: Path, sy
     assert all(states[tid] == optuna.trial.TrialState.COMPLETE for tid in trials["trial_id"]), states
     assert not any(s == optuna.trial.TrialState.RUNNING for s in states.values())  # orphans of the kill closed
     assert f"{len(trials)} trials: {len(trials)} ok" in resumed.stdout
+
+
+def test_a_grid_stopped_under_its_trials_resumes_each_point_once(tmp_path: Path, synthetic_lastfm_file: Path,
+                                                                 kill_session) -> None:
+    """A trial whose worker dies (as when the study is stopped with SIGTERM) trains again on --resume, and the
+    grid runs every point once: before, the trial was replayed as failed and another point ran twice."""
+    out = tmp_path / "out"
+    study = write_study(tmp_path / "grid.yaml", f"""
+        name: grid-resume
+        model: sasrec
+        dataset: {{name: lastfm, source: {synthetic_lastfm_file}}}
+        fixed: {TINY_MODEL}, measure_efficiency: false, patience: 0}}
+        search:
+          seed: {{grid: [1, 2, 3]}}
+        budget: {{num_samples: 3, max_epochs: 25}}
+        scheduler: none
+        sampler: grid
+        resources: {{cpu: 1, max_concurrent: 1}}
+        storage: {out}
+        """)
+    env = {**os.environ, "SEQREC_DATA": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "study.sweep", str(study), "--num-cpus", "2", "--quiet"]
+    records = out / "trials"
+    with open(tmp_path / "first.log", "w") as log:
+        first = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+        try:
+            running = wait_for(lambda: list(records.glob("*.history.jsonl")), first, tmp_path / "first.log")
+            lost_id = running[0].name.split(".")[0]
+            kill_trial_workers(first.pid)  # its worker dies under it, as at a SIGTERM to the study
+            wait_for(lambda: (records / f"{lost_id}.json").exists(), first, tmp_path / "first.log")
+        finally:
+            kill_session(first.pid)
+            first.wait(timeout=60)
+    lost = json.loads((records / f"{lost_id}.json").read_text())
+    assert lost["status"] == "failed" and lost["error"].startswith(("ActorDiedError", "RayActorError")), lost["error"]
+
+    resumed = subprocess.run(command + ["--resume"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    trials = pd.read_parquet(out / "trials.parquet")
+    assert (trials["status"] == "ok").all(), trials[["trial_id", "status", "error"]]
+    assert sorted(trials["config.seed"]) == [1, 2, 3]  # each point once
+    assert lost_id in set(trials["trial_id"])  # trained again, not replayed as failed
+    optuna_study = optuna.load_study(study_name="grid-resume", storage=f"sqlite:///{out / 'optuna.db'}")
+    complete = [t for t in optuna_study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert sorted(t.params["seed"] for t in complete) == [1, 2, 3]
+    assert not any(t.state == optuna.trial.TrialState.RUNNING for t in optuna_study.trials)
+
+
+def wait_for(condition, process: subprocess.Popen, log: Path, seconds: float = 240) -> Any:
+    """Poll ``condition`` until it holds; fail with the log's tail if the process ends or time runs out."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        value = condition()
+        if value:
+            return value
+        assert process.poll() is None, log.read_text()[-3000:]
+        time.sleep(0.1)
+    raise AssertionError(f"timed out; log tail:\n{log.read_text()[-3000:]}")
+
+
+def kill_trial_workers(session: int) -> None:
+    """SIGKILL the Tune trial actors (function trainables run in ``ray::ImplicitFunc``) of a process session."""
+    listing = subprocess.run(["ps", "-eo", "pid=,sid=,args="], capture_output=True, text=True, check=True).stdout
+    killed = 0
+    for line in listing.splitlines():
+        pid, sid, args = line.split(None, 2)
+        if int(sid) == session and "ImplicitFunc" in args:
+            os.kill(int(pid), signal.SIGKILL)
+            killed += 1
+    assert killed, "no trial worker found"
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,45 @@
+"""What a trial does with the record an earlier session left: replay it, raise its failure again, or train again
+when its process was lost (the study stopped under it)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from ray import tune
+
+from study.search.trial import TrialFailed, TrialPlan, replay_recorded
+
+
+def _plan(record: dict[str, Any] | None) -> TrialPlan:
+    return TrialPlan(model="sasrec", base_settings={}, threads=1, measure_efficiency=False, records_dir="unused",
+                     shuffle_rows=1, recorded={"t1": record} if record else {})
+
+
+@pytest.fixture
+def reports(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    sent: list[dict[str, Any]] = []
+    monkeypatch.setattr(tune, "get_context", lambda: SimpleNamespace(get_trial_id=lambda: "t1"))
+    monkeypatch.setattr(tune, "report", lambda metrics, **kwargs: sent.append(metrics))
+    return sent
+
+
+def test_a_finished_trial_is_replayed(reports: list[dict[str, Any]]) -> None:
+    record = {"status": "ok", "error": "", "last_report": {"epoch": 4, "best_valid_ndcg@10": 0.3}}
+    assert replay_recorded(_plan(record)) is True
+    assert reports == [{"epoch": 4, "best_valid_ndcg@10": 0.3, "replayed": True}]
+
+
+def test_a_failure_of_its_own_is_raised_again(reports: list[dict[str, Any]]) -> None:
+    record = {"status": "failed", "error": "NonFiniteLoss: non-finite training loss at epoch 1", "last_report": {}}
+    with pytest.raises(TrialFailed, match="NonFiniteLoss"):
+        replay_recorded(_plan(record))
+
+
+@pytest.mark.parametrize("error", ["ActorDiedError: The actor died unexpectedly before finishing this task.",
+                                   "ActorUnavailableError: The actor 3f is unavailable: RpcError: Socket closed"])
+def test_a_trial_whose_process_was_lost_trains_again(reports: list[dict[str, Any]], error: str) -> None:
+    assert replay_recorded(_plan({"status": "failed", "error": error, "last_report": {}})) is False
+    assert replay_recorded(_plan(None)) is False  # and so does a trial with no record
+    assert reports == []
