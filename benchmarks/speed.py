@@ -37,8 +37,9 @@ forward. ``GFLOP/s`` is that over the measured time and ``% of peak`` compares i
 compute roof. A low percentage says the
 step is bound by memory traffic and per-operator overhead (dropout masks, softmax over B·H·L² scores), not FLOPs.
 
-``--time-to-quality`` trains the platform's SASRec with the trainer's defaults (``python -m study.train``'s
-``run_trial``, only ``num_threads`` set) and prints the wall time at which the test NDCG@10 of the best-validation
+``--time-to-quality`` trains the platform's SASRec with the trainer's and the model's defaults (``python -m
+study.train``'s ``run_trial``, only ``num_threads`` set; SASRec's window is 50 items by default, whatever
+``--max-len`` the rows use) and prints the wall time at which the test NDCG@10 of the best-validation
 epoch first reaches 0.041 (the figure ``study.train`` would report if stopped there), or the best reached within
 ``--ttq-budget`` seconds.
 ``--profile`` splits each in-process row's operator time into matrix products, dropout random numbers and the

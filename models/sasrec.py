@@ -1,7 +1,11 @@
 """SASRec (Kang & McAuley, ICDM 2018), the causal softmax-attention baseline of every seed paper.
 
 Defaults follow RecBole 1.2's ``SASRec.yaml``: d = 64, 2 layers, 2 heads, inner size 256, GELU,
-hidden and attention dropout 0.5, LayerNorm eps 1e-12, N(0, 0.02) init.
+hidden and attention dropout 0.5, LayerNorm eps 1e-12, N(0, 0.02) init, and RecBole's window of the last 50
+items (``MAX_ITEM_LIST_LENGTH``). The window was 200 (the paper's ML-1M setting) until a search of the defaults
+on validation (``python -m benchmarks.defaults_search``, figures in ``benchmarks/results/cpu_speed.md``): on
+ml-100k and two CPU cores, 60 s of training at 50 reached validation NDCG@10 0.0615 against 0.0163 at 200, since
+an epoch is ~5× cheaper and the first epochs are what a short budget buys. A study searches or sets ``max_len``.
 
 Choices stated explicitly because the papers differ on them:
 - LayerNorm placement: **post-LN**, as in RecBole (``x = LN(x + drop(attn(x)))``), plus a LayerNorm
@@ -19,13 +23,14 @@ from dataclasses import dataclass
 
 import torch
 
-from models.base import ACTIVATIONS, ModelConfig, SeqRecModel, heads, init_weights, one_of, positive, probability
+from models.base import ACTIVATIONS, ModelConfig, SeqRecModel, heads, init_weights, knob, one_of, positive, probability
 from models.blocks import ATTENTION_BACKENDS, ItemEmbedding, SoftmaxAttention, TransformerBlock, TransformerEncoder
 from models.registry import register
 
 
 @dataclass
 class SASRecConfig(ModelConfig):
+    max_len: int = knob(50, at_least=2)
     num_layers: int = positive(2)
     num_heads: int = heads(2)
     inner_size: int = 256

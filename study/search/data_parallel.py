@@ -35,7 +35,6 @@ import models
 from study.search.trial import (
     EpochReporter,
     TrialPlan,
-    crop_trial_data,
     preflight,
     quiet_ray_data,
     ray_data_batches,
@@ -93,7 +92,7 @@ def data_parallel_worker(loop_config: dict[str, Any]) -> None:
     train_cfg, hparams = split_settings(plan.model, settings)
     torch.set_num_threads(train_cfg.num_threads)
     max_len = hparams.get("max_len", models.model_class(plan.model).config_class.max_len)
-    trial_data = crop_trial_data(data, max_len)
+    trial_data = data.cropped(max_len)
     # Only rank 0 measures: the figures describe one replica, and the memory probe must not join the all-reduce.
     figures = preflight(plan.model, settings, trial_data, plan.measure_efficiency and rank == 0)
     figures["workers"] = world

@@ -39,7 +39,7 @@ from study.search.data_parallel import data_parallel_trial
 from study.search.recorder import SweepRecorder, atomic_write_text, build_row, read_records, summary, write_tables
 from study.search.searcher import StudySearch, close_orphans, make_scheduler, make_searcher, points_space
 from study.search.tracking import tracking_callbacks
-from study.search.trial import MODELS_DIR, TrialPlan, crop_trial_data, sweep_trial, tune_key
+from study.search.trial import MODELS_DIR, TrialPlan, sweep_trial, tune_key
 from study.search.windows import (
     STREAM_SAMPLE_ROWS,
     STREAM_SHUFFLE_ROWS,
@@ -93,7 +93,7 @@ def announce_cost(study: Study, data: TrialData) -> str:
     settings = study.settings(point)
     train_cfg, hparams = split_settings(study.model, settings)
     max_len = hparams.get("max_len", models.model_class(study.model).config_class.max_len)
-    trial_data = crop_trial_data(data, max_len)
+    trial_data = data.cropped(max_len)
     hparams = with_user_count(study.model, {**hparams, "num_items": data.num_items, "max_len": max_len}, data.meta)
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, math.floor(study.resources.cpu)))

@@ -71,17 +71,6 @@ class TrialPlan:
     stream: bool = False
 
 
-def crop_trial_data(base: TrialData, max_len: int) -> TrialData:
-    """Cut the shared windows (prepared for the longest max_len) to this trial's; copies, so arrays are writable."""
-    def crop(split: Any) -> Any:
-        return type(split)(inputs=np.array(split.inputs[:, -max_len:]), targets=split.targets,
-                           history_items=split.history_items, history_starts=split.history_starts,
-                           history_lengths=split.history_lengths)
-
-    return TrialData(meta=base.meta, train=np.array(base.train[:, -(max_len + 1):]), valid=crop(base.valid),
-                     test=crop(base.test), item_popularity=base.item_popularity)
-
-
 def as_windows(column: Any) -> np.ndarray:
     """A batch's ``train`` column as a 2-D int array.
 
@@ -294,7 +283,7 @@ def sweep_trial(config: dict[str, Any], *, plan: TrialPlan, data: TrialData, tra
     train_cfg, hparams = split_settings(plan.model, settings)
     torch.set_num_threads(train_cfg.num_threads)
     max_len = hparams.get("max_len", models.model_class(plan.model).config_class.max_len)
-    trial_data = crop_trial_data(data, max_len)
+    trial_data = data.cropped(max_len)
     figures = preflight(plan.model, settings, trial_data, plan.measure_efficiency)
     resume_from = last_training_state()
     best_model_dir = os.path.join(plan.models_dir, tune.get_context().get_trial_id()) if plan.models_dir else None

@@ -80,6 +80,24 @@ class TrialData:
                    valid=split(dataset.valid, 2), test=split(dataset.test, 1),
                    item_popularity=dataset.item_popularity("train"))
 
+    @property
+    def width(self) -> int:
+        """Items per input window (the ``max_len`` these arrays were cut for)."""
+        return self.train.shape[1] - 1
+
+    def cropped(self, max_len: int) -> TrialData:
+        """The same data cut to a shorter ``max_len`` (the newest items kept); copies, so the arrays are writable."""
+        if max_len > self.width:
+            raise UserError(f"max_len={max_len} exceeds the {self.width} items per window of this data")
+
+        def crop(split: EvalSplit) -> EvalSplit:
+            return EvalSplit(inputs=np.array(split.inputs[:, -max_len:]), targets=split.targets,
+                             history_items=split.history_items, history_starts=split.history_starts,
+                             history_lengths=split.history_lengths)
+
+        return TrialData(meta=self.meta, train=np.array(self.train[:, -(max_len + 1):]), valid=crop(self.valid),
+                         test=crop(self.test), item_popularity=self.item_popularity)
+
 
 @dataclass
 class EpochReport:
@@ -179,6 +197,8 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
     max_len = model_hparams.get("max_len", models.model_class(model_name).config_class.max_len)
     if not isinstance(data, TrialData):
         data = TrialData.from_prepared(data, max_len)
+    elif data.width > max_len:  # windows prepared for a longer model: keep each one's newest max_len items
+        data = data.cropped(max_len)
     model_hparams = with_user_count(model_name, {**model_hparams, "num_items": data.num_items, "max_len": max_len},
                                     data.meta)
     if train_cfg.num_threads:

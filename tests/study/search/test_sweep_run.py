@@ -249,7 +249,7 @@ def test_ray_data_batches_cover_every_trainable_window_once_per_epoch(data_cache
     import numpy as np
 
     from study.data import prepare
-    from study.search.trial import crop_trial_data, ray_data_batches
+    from study.search.trial import ray_data_batches
     from study.search.windows import materialized_dataset, training_windows
     from study.train.trainer import TrialData, user_batches
 
@@ -273,7 +273,7 @@ def test_ray_data_batches_cover_every_trainable_window_once_per_epoch(data_cache
                                                            shuffle_rows=dataset.count())(1)])
     assert np.array_equal(again, epochs[0])  # and reproducible from the seed
     # the shared evaluation arrays, cropped in the trial, equal a dataset loaded for that max_len directly
-    cropped, direct = crop_trial_data(TrialData.from_prepared(path, 30), 12), TrialData.from_prepared(path, 12)
+    cropped, direct = TrialData.from_prepared(path, 30).cropped(12), TrialData.from_prepared(path, 12)
     for name in ("inputs", "targets", "history_items", "history_starts", "history_lengths"):
         assert np.array_equal(getattr(cropped.valid, name), getattr(direct.valid, name)), name
         assert np.array_equal(getattr(cropped.test, name), getattr(direct.test, name)), name

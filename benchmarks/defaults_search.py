@@ -1,0 +1,102 @@
+"""Which trainer defaults reach quality fastest on this machine: SASRec on ml-100k under a fixed wall budget.
+
+    python -m benchmarks.defaults_search --source DIR_WITH_ml-100k.inter [--budget 60] [--threads 2] [--seeds 1]
+
+Each candidate is the trainer's and the model's defaults with a few keys changed (``CANDIDATES``). It trains with
+``run_trial`` (the code ``python -m study.train`` runs) on ``--threads`` threads, one candidate after the other,
+for ``--budget`` seconds of wall time (the epoch that crosses the budget is run but not counted). The table gives,
+per candidate (the median over ``--seeds`` seeds): the epochs that fit, the best **validation** NDCG@10 within the
+budget, which is what selects, and beside it the test NDCG@10 of that best-validation epoch and the wall time at
+which that test figure first reached 0.041 (issue #16's time-to-quality target). Nothing is chosen on the test
+split: a default changes only where the validation column says so, and the same defaults then hold for every
+dataset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.speed import TARGET_NDCG, load_text, prepared_ml100k
+from study.train.trainer import EpochReport, TrialData, run_trial
+
+CANDIDATES: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "batch=64": {"batch_size": 64},
+    "batch=32": {"batch_size": 32},
+    "lr=2e-3": {"lr": 2e-3},
+    "lr=3e-3": {"lr": 3e-3},
+    "batch=64,lr=2e-3": {"batch_size": 64, "lr": 2e-3},
+    "dropout=0.2": {"dropout": 0.2, "attn_dropout": 0.2},
+    "max_len=50": {"max_len": 50},
+    "batch=32,lr=2e-3": {"batch_size": 32, "lr": 2e-3},
+    "batch=16": {"batch_size": 16},
+    "max_len=50,batch=32": {"max_len": 50, "batch_size": 32},
+}
+
+
+@dataclass
+class Run:
+    """One candidate's epochs under the budget: (wall s, best validation NDCG@10, its test NDCG@10)."""
+
+    epochs: list[tuple[float, float, float]] = field(default_factory=list)
+
+    def __call__(self, report: EpochReport) -> None:
+        self.epochs.append((report.wall_time_s, report.best_valid["ndcg@10"], report.best_test["ndcg@10"]))
+
+    def within(self, budget: float) -> list[tuple[float, float, float]]:
+        return [epoch for epoch in self.epochs if epoch[0] <= budget]
+
+    def time_to_quality(self) -> float | None:
+        return next((wall for wall, _, test in self.epochs if test >= TARGET_NDCG), None)
+
+
+def train(prepared: Path, overrides: dict[str, Any], threads: int, budget: float, seed: int) -> Run:
+    run = Run()
+    data = TrialData.from_prepared(prepared, overrides.get("max_len", 200))  # windows cut to the candidate's length
+    run_trial("sasrec", data, {"num_threads": threads, "time_budget_s": budget, "measure_efficiency": False,
+                               "seed": seed, **overrides}, callback=run)
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.defaults_search", description=__doc__.split("\n")[0])
+    parser.add_argument("--source", help="ml-100k source (folder with ml-100k.inter or u.data); default: download")
+    parser.add_argument("--budget", type=float, default=60.0, help="wall seconds of training per candidate")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seeds", type=int, default=1, help="seeds per candidate (0, 1, ...)")
+    parser.add_argument("--only", nargs="*", choices=list(CANDIDATES), help="run these candidates only")
+    args = parser.parse_args(argv)
+    args.max_len = 200
+    prepared = prepared_ml100k(args)
+    data = TrialData.from_prepared(prepared, 200)
+    torch.set_num_threads(args.threads)
+    print(f"ml-100k: {len(data.train)} users, {data.num_items} items; budget {args.budget:.0f} s on "
+          f"{args.threads} threads; {load_text()}", flush=True)
+    rows = []
+    for label in args.only or CANDIDATES:
+        runs = [train(prepared, CANDIDATES[label], args.threads, args.budget, seed) for seed in range(args.seeds)]
+        counted = [run.within(args.budget) for run in runs]
+        valid = statistics.median(epochs[-1][1] if epochs else 0.0 for epochs in counted)
+        test = statistics.median(epochs[-1][2] if epochs else 0.0 for epochs in counted)
+        reached = [run.time_to_quality() for run in runs]
+        ttq = statistics.median(t for t in reached if t is not None) if all(t is not None for t in reached) else None
+        rows.append((label, statistics.median(len(e) for e in counted), valid, test, ttq))
+        print(f"{label}: {rows[-1][1]} epochs, best valid NDCG@10 {valid:.4f}, its test {test:.4f}, "
+              f"test >= {TARGET_NDCG} at {'-' if ttq is None else f'{ttq:.1f} s'}; {load_text()}", flush=True)
+    print(f"\n| candidate | epochs in {args.budget:.0f} s | best valid NDCG@10 | its test NDCG@10 | "
+          f"s to test >= {TARGET_NDCG} |")
+    print("|---|---|---|---|---|")
+    for label, epochs, valid, test, ttq in sorted(rows, key=lambda row: -row[2]):
+        print(f"| {label} | {epochs:g} | {valid:.4f} | {test:.4f} | {'not reached' if ttq is None else f'{ttq:.1f}'} |")
+    print(f"\nselected by validation: {max(rows, key=lambda row: row[2])[0]}; {load_text()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
