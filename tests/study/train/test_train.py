@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from study.errors import UserError
 from study.train.config import TrainConfig, split_settings
 from study.train.metrics import NonFiniteScores
 from study.train.trainer import TrialData, run_trial
@@ -38,6 +39,17 @@ def test_same_seed_gives_identical_metrics_and_reports_every_epoch(synthetic):
     assert first["best_epoch"] == best.epoch
     assert first["valid_ndcg@10"] == best.valid["ndcg@10"]
     assert first["test_ndcg@10"] == reports[-1].best_test["ndcg@10"]
+
+
+def test_data_prepared_for_a_longer_window_is_cut_to_the_models(synthetic_lastfm_prepared, synthetic):
+    wider = TrialData.from_prepared(synthetic_lastfm_prepared, max_len=50)
+    settings = {**QUICK, "max_epochs": 1, "seed": 3}
+    cut, direct = run_trial("sasrec", wider, settings), run_trial("sasrec", synthetic, settings)
+    assert {k: v for k, v in cut.items() if k.startswith(("valid_", "test_"))} == \
+        {k: v for k, v in direct.items() if k.startswith(("valid_", "test_"))}
+    assert wider.width == 50  # the caller's data is left as it was
+    with pytest.raises(UserError, match="max_len=60 exceeds the 50 items"):
+        wider.cropped(60)
 
 
 def test_the_selection_metric_picks_the_best_epoch_and_drives_early_stopping(synthetic):

@@ -1,0 +1,35 @@
+"""The defaults search: a candidate trains on its own window length, and only the epochs inside the budget count."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks import defaults_search
+from benchmarks.speed import TARGET_NDCG
+
+
+def test_a_candidate_trains_on_its_own_window_and_reports_every_epoch(synthetic_lastfm_prepared: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    widths: list[int] = []
+    run_trial = defaults_search.run_trial
+    monkeypatch.setattr(defaults_search, "run_trial",
+                        lambda model, data, settings, callback: widths.append(data.width)
+                        or run_trial(model, data, settings, callback=callback))
+    run = defaults_search.train(synthetic_lastfm_prepared, {"max_len": 12, "max_epochs": 3}, threads=1,
+                                budget=1e9, seed=0)
+    assert widths == [12]  # prepared with 50 items per window, cut to the candidate's 12
+    assert len(run.epochs) == 3
+    walls = [wall for wall, _, _ in run.epochs]
+    assert walls == sorted(walls)
+    assert run.within(walls[1]) == run.epochs[:2]
+    best_valid = [valid for _, valid, _ in run.epochs]
+    assert best_valid == sorted(best_valid)  # the best validation score so far never drops
+
+
+def test_time_to_quality_is_the_first_epoch_whose_test_figure_reaches_the_target() -> None:
+    run = defaults_search.Run(epochs=[(10.0, 0.03, TARGET_NDCG - 0.001), (20.0, 0.05, TARGET_NDCG),
+                                      (30.0, 0.06, TARGET_NDCG + 0.01)])
+    assert run.time_to_quality() == 20.0
+    assert defaults_search.Run(epochs=[(10.0, 0.03, 0.0)]).time_to_quality() is None
