@@ -50,7 +50,10 @@ QUICK_SEEDS = 2
 METRICS = ("test_hr@10", "test_ndcg@10", "test_mrr@10")
 MAIN_STUDIES = ("sasrec", "bert4rec", "gru4rec", "fpmc", "hstu", "linrec", "recgrela", "cotten4rec", "elastic",
                 "sasrec-1l1h", "lisa-base", "lisa-soft", "lisa-mini")
-ABLATIONS = ("elastic-mean-query", "elastic-no-imr", "elastic-no-dispatcher")
+# studies that each change one part of a model, shown in a table beside the full model's and its other variants
+ABLATION_GROUPS = {"ELASTIC": ("elastic", "elastic-mean-query", "elastic-no-imr", "elastic-no-dispatcher"),
+                   "LISA": ("lisa-base", "lisa-base-w16", "lisa-soft", "lisa-mini")}
+ABLATIONS = tuple(study for group in ABLATION_GROUPS.values() for study in group if study not in MAIN_STUDIES)
 EFFICIENT = ("linrec", "recgrela", "cotten4rec", "elastic", "lisa-base", "lisa-soft", "lisa-mini")
 # SASRec under the protocol of a published table, compared with that table's row rather than with the other studies
 PUBLISHED_STUDIES = ("sasrec-s3rec-bce", "sasrec-s3rec-ce")
@@ -310,7 +313,6 @@ def published_section(dataset: str, folders: dict[str, Path], args: argparse.Nam
 def dataset_section(dataset: str, folders: dict[str, Path], args: argparse.Namespace, report_dir: Path) -> list[str]:
     values = seed_values(folders)
     main = {k: v for k, v in values.items() if k not in ABLATIONS}
-    ablations = {k: v for k, v in values.items() if k in ABLATIONS or k == "elastic"}
     wall = sum(float(v["wall_time_s"].sum()) for v in values.values())
     lines = [*results_table(main), "",
              f"Full report with the paired t-tests (Holm), effect sizes and the Pareto fronts: "
@@ -320,8 +322,10 @@ def dataset_section(dataset: str, folders: dict[str, Path], args: argparse.Names
                f"({report_dir.relative_to(Path(args.out).parent)}/pareto_valid_ndcg_10__{axis}.png)"
                for axis in ("peak_mem_mb", "infer_ms_p50")), "",
              "### Claims", "", *(claim_lines(values, CLAIMS) or ["- no claim has both of its studies yet"]), ""]
-    if len(ablations) > 1:
-        lines += ["### ELASTIC ablations", "", *results_table(ablations), ""]
+    for model, group in ABLATION_GROUPS.items():
+        ablations = {study: values[study] for study in group if study in values}
+        if any(study in ABLATIONS for study in ablations):
+            lines += [f"### {model} ablations", "", *results_table(ablations), ""]
     stopped = unconverged(values, 2 if args.quick else 200)
     lines += ["### Runs stopped by the epoch limit", "", *(stopped or ["- none: every run stopped early on "
                                                                           "validation"]), ""]

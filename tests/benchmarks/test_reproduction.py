@@ -6,7 +6,10 @@ from __future__ import annotations
 import pandas as pd
 
 from benchmarks.reproduction import (
+    ABLATION_GROUPS,
+    ABLATIONS,
     CLAIMS,
+    MAIN_STUDIES,
     PUBLISHED,
     PUBLISHED_STUDIES,
     STUDY_DIR,
@@ -69,3 +72,11 @@ def test_every_published_study_has_a_study_file_and_can_be_chosen() -> None:
     for study in PUBLISHED_STUDIES:
         assert (STUDY_DIR / f"{study}.yaml").is_file()
     assert build_parser().parse_args(["--studies", *PUBLISHED_STUDIES]).studies == list(PUBLISHED_STUDIES)
+
+
+def test_every_study_has_a_file_and_each_ablation_sits_beside_its_full_model() -> None:
+    for study in (*MAIN_STUDIES, *ABLATIONS):
+        assert (STUDY_DIR / f"{study}.yaml").is_file(), study
+    assert set(ABLATIONS) == {"elastic-mean-query", "elastic-no-imr", "elastic-no-dispatcher", "lisa-base-w16"}
+    for model, group in ABLATION_GROUPS.items():
+        assert group[0] in MAIN_STUDIES and group[0].startswith(model.lower())  # the full model heads its table
