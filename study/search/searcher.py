@@ -107,9 +107,9 @@ class StudySearch(OptunaSearch):
         if trial_id not in self._ot_trials:
             return
         state, values = self._outcome(result, error)
-        if self._finished_in_storage(trial_id):  # (Tune ends a trial once a session: this is a later session)
-            # told before an interruption: replayed now, or trained again because its process was lost, in which
-            # case Optuna holds a FAIL (a told trial is final) and gets the real outcome as a trial of its own
+        if self._finished_in_storage(trial_id):
+            # told in an earlier session: replayed now, or trained again because its process was lost; then Optuna
+            # holds a FAIL for it (a told trial is final) and gets the real outcome as a trial of its own
             stored = self._ot_study._storage.get_trial(self._ot_trials[trial_id]._trial_id)
             if stored.state == TrialState.FAIL and state == TrialState.COMPLETE:
                 self._ot_study.add_trial(optuna.trial.create_trial(
