@@ -344,11 +344,15 @@ class TuneMessages(logging.Filter):
       warnings (one naming ``Tuner.restore``, which is not how this platform resumes). ``interrupted`` records it,
       and the sweep then ends the way any Ctrl-C ends a command (:func:`study.cli.run_command`): one line naming
       ``--resume``, exit code 130.
+    * Frequent snapshots: with ``checkpoint.every`` small and short epochs, Tune saves its experiment state at each
+      checkpoint (it must, to keep only ``checkpoint.keep`` of them) and warns that this happens often, advising
+      settings the study sets on purpose.
     """
 
     INTERRUPTED = ("Stop signal received", "Experiment has been interrupted", "Training has been interrupted")
     FAILED = ("Trial task failed for trial", "Trials did not complete")
-    LOGGERS = ("ray.tune.tune", "ray.tune.execution.tune_controller")
+    NOISE = ("Experiment state snapshotting has been triggered multiple times",)
+    LOGGERS = ("ray.tune.tune", "ray.tune.execution.tune_controller", "ray.tune.execution.experiment_state")
 
     def __init__(self) -> None:
         super().__init__()
@@ -359,7 +363,7 @@ class TuneMessages(logging.Filter):
         if message.startswith(self.INTERRUPTED):
             self.interrupted = True
             return False
-        return not message.startswith(self.FAILED)
+        return not message.startswith(self.FAILED + self.NOISE)
 
     def __enter__(self) -> TuneMessages:
         for name in self.LOGGERS:

@@ -90,12 +90,14 @@ def test_tunes_failure_and_ctrl_c_messages_are_kept_off_the_console(capsys) -> N
 
     tune_log = logging.getLogger("ray.tune.tune")
     controller_log = logging.getLogger("ray.tune.execution.tune_controller")
+    state_log = logging.getLogger("ray.tune.execution.experiment_state")
     handler = logging.StreamHandler()
-    for log in (tune_log, controller_log):
+    for log in (tune_log, controller_log, state_log):
         log.addHandler(handler)
     try:
         with TuneMessages() as messages:
             tune_log.warning("Trial finished reporting")
+            state_log.warning("Experiment state snapshotting has been triggered multiple times in the last 5.0 s")
             controller_log.error("Trial task failed for trial sweep_trial_abc", exc_info=ValueError("nan"))
             tune_log.error("Trials did not complete: %s", ["sweep_trial_abc"])
             assert not messages.interrupted
@@ -103,9 +105,10 @@ def test_tunes_failure_and_ctrl_c_messages_are_kept_off_the_console(capsys) -> N
             tune_log.warning("Experiment has been interrupted, but the most recent state was saved.\nResume: x")
         tune_log.warning("Stop signal received after the sweep")  # the filter is gone with the block
     finally:
-        for log in (tune_log, controller_log):
+        for log in (tune_log, controller_log, state_log):
             log.removeHandler(handler)
     assert messages.interrupted
     err = capsys.readouterr().err
     assert "Trial finished reporting" in err and "Stop signal received after the sweep" in err
     assert "failed" not in err and "did not complete" not in err and "ending Ray Tune run" not in err
+    assert "snapshotting" not in err
