@@ -16,8 +16,9 @@ dispatcher picks for CUDA tensors, and the ``before`` rows are skipped).
 rewrite); ``LISA`` is the current reference. Both rows run the current quantizer (its r·(U·Cᵀ) logits and
 straight-through gather are not switchable), so the speed-up column is the histogram path's share alone.
 The last line names the smallest N at which LISA's step is faster than SASRec's, or says that it is not up to
-the largest N measured. ``--profile N`` prints torch.profiler's top operators of one current LISA step at that
-N. The load average is printed with the table: on a shared CPU every absolute figure depends on it (other
+the largest N measured. ``--profile N`` profiles one current LISA step at that N on the chosen device
+(:func:`benchmarks.step_profile.profile_step`: operator and kernel counts, matrix-product FLOPs, top operators).
+The load average is printed with the table: on a shared CPU every absolute figure depends on it (other
 people's jobs come and go between rows), the ratios less so.
 """
 
@@ -27,15 +28,13 @@ import argparse
 import contextlib
 import os
 import statistics
-import time
 from collections.abc import Iterator
 
 import torch
 
 import kernels.histogram
-import models
+from benchmarks.step_profile import build, profile_step, random_windows, step_seconds
 from kernels.histogram.naive import autograd_causal_histogram_attention
-from study.train.config import TrainConfig
 from study.train.step import TrainStep
 
 
@@ -50,37 +49,9 @@ def previous_histogram_path() -> Iterator[None]:
         kernels.histogram.naive_causal_histogram_attention = current
 
 
-def step_for(model_name: str, length: int, items: int, objective: str, device: str = "cpu") -> TrainStep:
-    torch.manual_seed(0)
-    model = models.build(model_name, num_items=items, max_len=length).to(device)
-    return TrainStep(model, TrainConfig(objective=objective))
-
-
-def windows(batch: int, length: int, items: int, device: str = "cpu") -> torch.Tensor:
-    ids = torch.randint(1, items + 1, (batch, length + 1), generator=torch.Generator().manual_seed(length))
-    return ids.to(device)
-
-
-def time_step(step: TrainStep, batch: torch.Tensor, repeats: int) -> float:
+def median_step(step: TrainStep, windows: torch.Tensor, repeats: int) -> float:
     """Median seconds of ``repeats`` steps after one warm-up step."""
-    step(batch).item()
-    timings = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step(batch).item()
-        timings.append(time.perf_counter() - start)
-    return statistics.median(timings)
-
-
-def profile_lisa(length: int, batch: int, items: int, objective: str, rows: int = 12) -> str:
-    from torch.profiler import ProfilerActivity, profile
-
-    step = step_for("lisa", length, items, objective)
-    data = windows(batch, length, items)
-    step(data)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        step(data)
-    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
+    return statistics.median(step_seconds(step, windows, repeats, warmup=1))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,20 +70,24 @@ def main(argv: list[str] | None = None) -> int:
         args.no_before = True  # the pre-rewrite path is a CPU reference: on a GPU the kernel runs instead
     torch.set_num_threads(args.threads)
 
+    objective = {"objective": args.objective}
     if args.profile:
-        print(profile_lisa(args.profile, max(1, args.tokens // args.profile), args.items, args.objective))
+        batch = max(1, args.tokens // args.profile)
+        step = build("lisa", args.profile, args.items, args.device, objective)
+        step(random_windows(batch, args.profile, args.items, args.device))  # warm-up: the Triton kernels compile here
+        print(profile_step(step, random_windows(batch, args.profile, args.items, args.device))[0])
     rows = []
     for length in args.lengths:
         batch = max(1, args.tokens // length)
-        data = windows(batch, length, args.items, args.device)
+        data = random_windows(batch, length, args.items, args.device)
         row = {"N": length, "B": batch,
-               "sasrec": time_step(step_for("sasrec", length, args.items, args.objective, args.device), data,
+               "sasrec": median_step(build("sasrec", length, args.items, args.device, objective), data,
                                    args.repeats),
-               "lisa": time_step(step_for("lisa", length, args.items, args.objective, args.device), data,
+               "lisa": median_step(build("lisa", length, args.items, args.device, objective), data,
                                  args.repeats)}
         if not args.no_before:
             with previous_histogram_path():
-                row["before"] = time_step(step_for("lisa", length, args.items, args.objective), data, args.repeats)
+                row["before"] = median_step(build("lisa", length, args.items, "cpu", objective), data, args.repeats)
         rows.append(row)
         print(f"N = {length}: " + ", ".join(f"{k} {v:.3f} s" for k, v in row.items() if k not in ("N", "B")),
               flush=True)

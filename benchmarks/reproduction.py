@@ -51,8 +51,10 @@ METRICS = ("test_hr@10", "test_ndcg@10", "test_mrr@10")
 MAIN_STUDIES = ("sasrec", "bert4rec", "gru4rec", "fpmc", "hstu", "linrec", "recgrela", "cotten4rec", "elastic",
                 "sasrec-1l1h", "lisa-base", "lisa-soft", "lisa-mini")
 # studies that each change one part of a model, shown in a table beside the full model's and its other variants
+# (BERT4Rec's "ablations" change its regularisation or its training budget, not its network)
 ABLATION_GROUPS = {"ELASTIC": ("elastic", "elastic-mean-query", "elastic-no-imr", "elastic-no-dispatcher"),
-                   "LISA": ("lisa-base", "lisa-base-w16", "lisa-soft", "lisa-mini")}
+                   "LISA": ("lisa-base", "lisa-base-w16", "lisa-soft", "lisa-mini"),
+                   "BERT4Rec": ("bert4rec", "bert4rec-dropout05", "bert4rec-long")}
 ABLATIONS = tuple(study for group in ABLATION_GROUPS.values() for study in group if study not in MAIN_STUDIES)
 EFFICIENT = ("linrec", "recgrela", "cotten4rec", "elastic", "lisa-base", "lisa-soft", "lisa-mini")
 # SASRec under the protocol of a published table, compared with that table's row rather than with the other studies
@@ -272,13 +274,18 @@ def claim_lines(values: dict[str, pd.DataFrame], claims: tuple[Claim, ...]) -> l
 
 
 def unconverged(values: dict[str, pd.DataFrame], max_epochs: int) -> list[str]:
-    """Runs whose best epoch was their last and that hit the epoch limit: still improving when stopped."""
+    """Runs whose best epoch was their last and that hit the epoch limit: still improving when stopped.
+
+    The limit is each run's own ``config.max_epochs`` where its row records one (a study may give more epochs than
+    the shared protocol's), else ``max_epochs``."""
     lines = []
     for study, runs in values.items():
-        hit = runs[(runs["best_epoch"] == runs["epochs_run"]) & (runs["epochs_run"] >= max_epochs)]
+        limit = runs["config.max_epochs"].fillna(max_epochs) if "config.max_epochs" in runs else max_epochs
+        hit = runs[(runs["best_epoch"] == runs["epochs_run"]) & (runs["epochs_run"] >= limit)]
         if len(hit):
+            epochs = sorted({int(e) for e in hit["epochs_run"]})
             lines.append(f"- {study}: seeds {', '.join(str(int(s)) for s in hit.index)} were still improving at "
-                         f"epoch {max_epochs}")
+                         f"epoch {', '.join(map(str, epochs))}")
     return lines
 
 

@@ -16,6 +16,7 @@ from benchmarks.reproduction import (
     build_parser,
     claim_lines,
     published_lines,
+    unconverged,
 )
 
 
@@ -77,6 +78,20 @@ def test_every_published_study_has_a_study_file_and_can_be_chosen() -> None:
 def test_every_study_has_a_file_and_each_ablation_sits_beside_its_full_model() -> None:
     for study in (*MAIN_STUDIES, *ABLATIONS):
         assert (STUDY_DIR / f"{study}.yaml").is_file(), study
-    assert set(ABLATIONS) == {"elastic-mean-query", "elastic-no-imr", "elastic-no-dispatcher", "lisa-base-w16"}
+    assert set(ABLATIONS) == {"elastic-mean-query", "elastic-no-imr", "elastic-no-dispatcher", "lisa-base-w16",
+                              "bert4rec-dropout05", "bert4rec-long"}
     for model, group in ABLATION_GROUPS.items():
         assert group[0] in MAIN_STUDIES and group[0].startswith(model.lower())  # the full model heads its table
+
+
+def test_a_run_counts_as_still_improving_only_at_its_own_epoch_limit() -> None:
+    # seed 1 stopped at the shared limit of 200 on its best epoch; seed 2 did the same in a study that gives 500
+    # epochs (only its own limit of 500 counts); seed 3 ran into its limit past its best epoch
+    runs = pd.DataFrame({"best_epoch": [200, 200, 380], "epochs_run": [200, 200, 500],
+                         "config.max_epochs": [200, 500, 500]}, index=pd.Index([1, 2, 3], name="seed"))
+    assert unconverged({"bert4rec-long": runs}, 200) == ["- bert4rec-long: seeds 1 were still improving at epoch 200"]
+    runs.loc[3, "best_epoch"] = 500
+    assert unconverged({"bert4rec-long": runs}, 200) == [
+        "- bert4rec-long: seeds 1, 3 were still improving at epoch 200, 500"]
+    assert unconverged({"sasrec": runs.drop(columns="config.max_epochs")}, 200) == [
+        "- sasrec: seeds 1, 2, 3 were still improving at epoch 200, 500"]  # without the column: the shared 200
