@@ -5,8 +5,8 @@
 #
 # tests: the Triton kernels compiled (outputs and gradients against the torch references), every zoo model
 #        training under fp32/bf16/fp16 on CUDA, and the kernel micro-benchmark;
-# speed: the SASRec epoch (ours, plain, pmixer's when given, bf16, compiled) and the time to quality, and LISA
-#        against SASRec over the window length, all on the GPU.
+# speed: the SASRec epoch (ours, plain, pmixer's when given, bf16, compiled) and the time to quality, LISA
+#        against SASRec over the window length, and profiles of one ELASTIC and one LISA step, all on the GPU.
 # Each step's output is kept in OUT/<step>.log (default gpu-checks/); a failing step does not stop the others,
 # and the exit status counts the failed steps.
 set -u
@@ -53,6 +53,9 @@ if [ "$part" != tests ]; then
   step speed python -m benchmarks.speed --device cuda --source "$ml100k" --rounds 5 --compile --time-to-quality \
     --ttq-budget 240 "${pmixer_args[@]}"
   step lisa-speed python -m benchmarks.lisa_speed --device cuda --lengths 64 128 256 512 1024 2048 4096 --repeats 10
+  # where a step's time goes on the GPU: kernels launched against the time they keep it busy
+  TAIL=40 step profile-elastic python -m benchmarks.step_profile elastic --device cuda
+  TAIL=40 step profile-lisa python -m benchmarks.step_profile lisa --device cuda --length 256 --items 3700
 fi
 echo "failed steps: $failed"
 exit $failed

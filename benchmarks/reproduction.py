@@ -21,18 +21,22 @@ LastFM (it waits until those studies exist). On LastFM and Beauty, ``sasrec-s3re
 rerun SASRec under the protocol of S3Rec's all-item ranking table (history masked, batch 256, early stopping on
 validation NDCG@20; S3Rec's BCE with one negative, then the zoo's causal CE) and are set against that table's
 published SASRec row, not against the other studies. An interrupted run continues where it stopped: a finished study
-is never rerun, and an unfinished one resumes from Tune's state. ``--quick`` is a smoke run of the whole pipeline
-(two seeds, two epochs, five prefixes per user) under ``repro-quick-*`` names, written to results/, never to docs/.
+is never rerun, and an unfinished one resumes from Tune's state. While a study runs, a line every
+``--progress-every`` seconds gives its finished seeds and each running trial's epoch and best epoch so far.
+``--quick`` is a smoke run of the whole pipeline (two seeds, two epochs, five prefixes per user) under
+``repro-quick-*`` names, written to results/, never to docs/.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
 import statistics
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +45,7 @@ import pandas as pd
 from study.analysis.runs import TRIALS_FILE, assign_labels, collect_runs, load_results
 from study.analysis.significance import compare, holm
 from study.analysis.tables import fmt, fmt_p
+from study.search.recorder import PARTIAL_HISTORY_SUFFIX
 
 REPO = Path(__file__).resolve().parents[1]
 STUDY_DIR = REPO / "search_spaces" / "reproduction"
@@ -162,6 +167,24 @@ def sweep_overrides(dataset: str, study: str, source: str | None, quick: bool) -
     return overrides
 
 
+def progress_line(folder: Path, seeds: int) -> str:
+    """Where a running study stands: its finished seeds, and each running trial's epoch and best epoch so far with
+    that epoch's validation NDCG@10 (read from the per-epoch files the recorder appends while a trial runs)."""
+    running = []
+    for history in sorted((folder / "trials").glob(f"*{PARTIAL_HISTORY_SUFFIX}")):
+        lines = history.read_text().splitlines()
+        if not lines:
+            continue
+        last = json.loads(lines[-1])
+        best = last.get("best_valid_ndcg@10")
+        score = f", validation NDCG@10 {best:.4f}" if best is not None else ""
+        running.append(f"{history.name.removesuffix(PARTIAL_HISTORY_SUFFIX)} at epoch {last['epoch']} "
+                       f"(best epoch {last['best_epoch']}{score})")
+    now = time.strftime("%H:%M")
+    return (f"{now} {folder.name}: {finished_seeds(folder)}/{seeds} seeds finished"
+            + (f"; running: {'; '.join(running)}" if running else ""))
+
+
 def run_study(dataset: str, study: str, args: argparse.Namespace) -> Path | None:
     """Run (or resume, or skip) one study; its results folder, or None when it failed."""
     folder = RESULTS / study_name(dataset, study, args.quick)
@@ -177,7 +200,14 @@ def run_study(dataset: str, study: str, args: argparse.Namespace) -> Path | None
     if (folder / TRIALS_FILE).is_file() or (folder / "tune").is_dir():
         command.append("--resume")
     print(f"{folder.name}: running ({' '.join(command[2:4])} …)", flush=True)
-    if subprocess.run(command, cwd=REPO).returncode != 0:
+    sweep = subprocess.Popen(command, cwd=REPO)
+    while True:  # a study runs for hours: say where it stands every few minutes
+        try:
+            sweep.wait(timeout=args.progress_every)
+            break
+        except subprocess.TimeoutExpired:
+            print(progress_line(folder, seeds), flush=True)
+    if sweep.returncode != 0:
         print(f"{folder.name}: the sweep failed; rerun to resume it", file=sys.stderr)
         return None
     return folder
@@ -377,6 +407,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                     "results/repro-quick.md with --quick)")
     parser.add_argument("--report-only", action="store_true", help="only rebuild the report from what exists")
     parser.add_argument("--quick", action="store_true", help="smoke run: 2 seeds, 2 epochs, separate names")
+    parser.add_argument("--progress-every", type=float, default=600, metavar="SECONDS",
+                        help="how often a running study prints its progress line (default 600)")
     return parser
 
 

@@ -3,6 +3,8 @@ the published-row studies run only on the datasets whose table they rerun."""
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 
 from benchmarks.reproduction import (
@@ -15,6 +17,7 @@ from benchmarks.reproduction import (
     STUDY_DIR,
     build_parser,
     claim_lines,
+    progress_line,
     published_lines,
     unconverged,
 )
@@ -95,3 +98,18 @@ def test_a_run_counts_as_still_improving_only_at_its_own_epoch_limit() -> None:
         "- bert4rec-long: seeds 1, 3 were still improving at epoch 200, 500"]
     assert unconverged({"sasrec": runs.drop(columns="config.max_epochs")}, 200) == [
         "- sasrec: seeds 1, 2, 3 were still improving at epoch 200, 500"]  # without the column: the shared 200
+
+
+def test_the_progress_line_reads_the_running_trials_epoch_files(tmp_path) -> None:
+    folder = tmp_path / "repro-lastfm-bert4rec-long"
+    (folder / "trials").mkdir(parents=True)
+    assert progress_line(folder, 5).endswith("repro-lastfm-bert4rec-long: 0/5 seeds finished")
+    epochs = [{"epoch": 1, "best_epoch": 1, "best_valid_ndcg@10": 0.0101},
+              {"epoch": 2, "best_epoch": 1, "best_valid_ndcg@10": 0.0101},
+              {"epoch": 3, "best_epoch": 3, "best_valid_ndcg@10": 0.0213}]
+    (folder / "trials" / "a1b2c3d4.history.jsonl").write_text("".join(json.dumps(e) + "\n" for e in epochs))
+    (folder / "trials" / "e5f6a7b8.history.jsonl").write_text("")  # a trial that has not finished an epoch
+    pd.DataFrame({"status": ["ok", "ok", "error"], "seed": [1, 2, 3]}).to_parquet(folder / "trials.parquet")
+    line = progress_line(folder, 5)
+    assert line.endswith("repro-lastfm-bert4rec-long: 2/5 seeds finished; running: a1b2c3d4 at epoch 3 "
+                         "(best epoch 3, validation NDCG@10 0.0213)"), line
