@@ -2,7 +2,7 @@
 
     python -m benchmarks.reproduction [--ml100k PATH] [--lastfm PATH/LastFM.txt] [--beauty PATH/Beauty.txt]
         [--datasets ml-100k lastfm beauty] [--studies sasrec bert4rec ...] [--num-cpus N]
-        [--out docs/reproduction.md] [--report-only] [--quick]
+        [--set KEY=VALUE ...] [--out docs/reproduction.md] [--report-only] [--quick]
 
 Every study file of ``search_spaces/reproduction/`` is one zoo model at its paper's configuration, five seeds
 (a grid over ``seed``). For each dataset and study this runs
@@ -17,13 +17,23 @@ Every study file of ``search_spaces/reproduction/`` is one zoo model at its pape
    is outside the markers (the reasons, written by a person who read the numbers) is kept as it is.
 
 Beauty runs SASRec, BERT4Rec and the two efficient models with the best mean NDCG@10 ratio to SASRec on ml-100k and
-LastFM (it waits until those studies exist). On LastFM and Beauty, ``sasrec-s3rec-bce`` and ``sasrec-s3rec-ce``
-rerun SASRec under the protocol of S3Rec's all-item ranking table (history masked, batch 256, early stopping on
-validation NDCG@20; S3Rec's BCE with one negative, then the zoo's causal CE) and are set against that table's
-published SASRec row, not against the other studies. An interrupted run continues where it stopped: a finished study
-is never rerun, and an unfinished one resumes from Tune's state. While a study runs, a line every
+LastFM (those two wait until every efficient model ran on both). On LastFM and Beauty, ``sasrec-s3rec-bce`` and
+``sasrec-s3rec-ce`` rerun SASRec under the protocol of S3Rec's all-item ranking table (history masked, batch 256,
+early stopping on validation NDCG@20; S3Rec's BCE with one negative, then the zoo's causal CE) and are set against
+that table's published SASRec row, not against the other studies. An interrupted run continues where it stopped: a
+finished study is never rerun, and an unfinished one resumes from Tune's state. While a study runs, a line every
 ``--progress-every`` seconds gives its finished seeds and each running trial's epoch and best epoch so far.
-``--quick`` is a smoke run of the whole pipeline (two seeds, two epochs, five prefixes per user) under
+Every study's compact records (``trials.parquet``, ``history.parquet``, ``study.yaml``, ``environment.json``: what
+the report reads, not the weights, Tune's state or the per-trial files) are kept in the repository under
+``docs/reproduction/runs/<study>/``. ``results/`` is not tracked, so on a fresh clone they are copied back into it
+first: the report then regenerates from the clone alone, and a study they hold in full is not rerun. A study they
+hold in part (its run was lost before every seed finished) is reported with the seeds it has and is not resumed,
+since Tune's state did not travel with it: move its folder aside to rerun it whole.
+
+``--set`` passes a study-file override to every sweep after the run's own (``--set resources.gpu=0.2`` lets the five
+seeds of a study share one GPU). It changes where and how fast a study runs, never its protocol: keys under
+``protocol``, ``fixed``, ``search``, ``budget`` and ``dataset`` are refused, since the report compares studies that
+must share them. ``--quick`` is a smoke run of the whole pipeline (two seeds, two epochs, five prefixes per user) under
 ``repro-quick-*`` names, written to results/, never to docs/.
 """
 
@@ -33,22 +43,34 @@ import argparse
 import json
 import math
 import re
+import shutil
 import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from study.analysis.runs import TRIALS_FILE, assign_labels, collect_runs, load_results
+from benchmarks.reproduction_claims import CLAIMS, PUBLISHED, Claim, PublishedRow  # noqa: F401 (the report's claims)
+from study.analysis.runs import (
+    ENVIRONMENT_FILE,
+    HISTORY_FILE,
+    STUDY_FILE,
+    TRIALS_FILE,
+    assign_labels,
+    collect_runs,
+    load_results,
+)
 from study.analysis.significance import compare, holm
 from study.analysis.tables import fmt, fmt_p
 from study.search.recorder import PARTIAL_HISTORY_SUFFIX
 
 REPO = Path(__file__).resolve().parents[1]
 STUDY_DIR = REPO / "search_spaces" / "reproduction"
+# the finished studies' compact records, tracked by git, so that a fresh clone regenerates the report
+ARCHIVE = REPO / "docs" / "reproduction" / "runs"
+ARCHIVED_FILES = (TRIALS_FILE, HISTORY_FILE, STUDY_FILE, ENVIRONMENT_FILE)
 RESULTS = REPO / "results"  # where study.sweep puts results/<name>/ (it runs from the repository root)
 SEEDS = 5
 QUICK_SEEDS = 2
@@ -68,78 +90,9 @@ DATASETS = {"ml-100k": "ml-100k", "lastfm": "lastfm", "beauty": "beauty"}  # dat
 BEGIN, END = "<!-- generated: python -m benchmarks.reproduction -->", "<!-- end of generated part -->"
 
 
-@dataclass(frozen=True)
-class Claim:
-    """One published claim as this report tests it: ``candidate`` against ``reference`` on ``metrics``.
-
-    ``kind``: ``better`` (candidate above reference, paired t-test p < 0.05 after Holm over every claim line),
-    ``ratio`` (candidate's mean at least ``bound`` × the reference's), ``within`` (|mean difference| <= ``bound``).
-    """
-
-    text: str
-    source: str
-    candidate: str
-    reference: str
-    kind: str
-    bound: float = 0.0
-    metrics: tuple[str, ...] = ("test_ndcg@10",)
-
-
-CLAIMS = (
-    Claim("BERT4Rec reaches at least 0.9x SASRec's NDCG@10 when trained long enough",
-          "Klenitskiy & Vasilev, RecSys 2023", "bert4rec", "sasrec", "ratio", 0.9),
-    Claim("SASRec outperforms GRU4Rec", "Kang & McAuley, ICDM 2018, Table III", "sasrec", "gru4rec", "better"),
-    Claim("SASRec outperforms FPMC", "Kang & McAuley, ICDM 2018, Table III", "sasrec", "fpmc", "better"),
-    Claim("HSTU outperforms SASRec", "Zhai et al., ICML 2024 (ML-1M: +7% NDCG@10)", "hstu", "sasrec", "better"),
-    Claim("LinRec keeps SASRec's accuracy (at least 0.98x NDCG@10)", "Liu et al., SIGIR 2023", "linrec", "sasrec",
-          "ratio", 0.98),
-    Claim("RecGRELA outperforms SASRec", "RecGRELA, Table 4 (+0.61% to +4.98% over the best baseline)",
-          "recgrela", "sasrec", "better"),
-    Claim("Cotten4Rec stays within about 2% of BERT4Rec's NDCG@10 (at least 0.98x)",
-          "Cotten4Rec (Beauty; 11% lower on ML-1M)", "cotten4rec", "bert4rec", "ratio", 0.98),
-    Claim("ELASTIC outperforms SASRec", "ELASTIC, Table 2 (+2.37% on average over its baselines)", "elastic",
-          "sasrec", "better"),
-    Claim("LISA-Base stays within 0.01 of a 1-layer, 1-head Transformer on HR@10 and NDCG@10",
-          "Wu et al., WWW 2021, Table 3", "lisa-base", "sasrec-1l1h", "within", 0.01,
-          ("test_hr@10", "test_ndcg@10")),
-    Claim("LISA-Soft stays within 0.01 of a 1-layer, 1-head Transformer on HR@10 and NDCG@10",
-          "Wu et al., WWW 2021, Table 3", "lisa-soft", "sasrec-1l1h", "within", 0.01,
-          ("test_hr@10", "test_ndcg@10")),
-    Claim("LISA-Mini stays within 0.01 of a 1-layer, 1-head Transformer on HR@10 and NDCG@10",
-          "Wu et al., WWW 2021, Table 3", "lisa-mini", "sasrec-1l1h", "within", 0.01,
-          ("test_hr@10", "test_ndcg@10")),
-    Claim("ELASTIC's hierarchical query network beats the mean query", "ELASTIC, Table 3", "elastic",
-          "elastic-mean-query", "better"),
-    Claim("ELASTIC's per-user interest retrieval (IMR) beats shared interest tokens", "ELASTIC, Table 3", "elastic",
-          "elastic-no-imr", "better"),
-    Claim("ELASTIC's dispatcher aggregation helps", "ELASTIC design (no ablation row in the paper)", "elastic",
-          "elastic-no-dispatcher", "better"),
-)
-
-
-@dataclass(frozen=True)
-class PublishedRow:
-    """A published full-ranking result that ``study`` reruns under the same protocol on ``dataset``.
-
-    ``kind``: ``match`` (our mean NDCG@10 within 5 % of the published one, or above it) or ``beat`` (above it).
-    """
-
-    study: str
-    dataset: str
-    source: str
-    hr10: float
-    ndcg10: float
-    kind: str
-
-
-S3REC_TABLE = "S3Rec (Zhou et al., CIKM 2020), all-item ranking table, SASRec row"
-PUBLISHED = (
-    PublishedRow("sasrec-s3rec-bce", "lastfm", S3REC_TABLE, 0.0688, 0.0390, "match"),
-    PublishedRow("sasrec-s3rec-bce", "beauty", S3REC_TABLE, 0.0605, 0.0318, "match"),
-    PublishedRow("sasrec-s3rec-ce", "lastfm", S3REC_TABLE, 0.0688, 0.0390, "beat"),
-    PublishedRow("sasrec-s3rec-ce", "beauty", S3REC_TABLE, 0.0605, 0.0318, "beat"),
-)
 MATCH_TOLERANCE = 0.05  # the issue's ±5 % of the published NDCG@10
+# study-file sections a --set may change: where and how a study runs, not what it measures
+RUN_SECTIONS = ("resources", "checkpoint", "storage")
 
 
 def study_name(dataset: str, study: str, quick: bool) -> str:
@@ -155,8 +108,37 @@ def finished_seeds(folder: Path) -> int:
     return int(trials.loc[trials["status"] == "ok", "seed"].nunique())
 
 
-def sweep_overrides(dataset: str, study: str, source: str | None, quick: bool) -> list[str]:
-    overrides = [f"name={study_name(dataset, study, quick)}", f"dataset.name={DATASETS[dataset]}"]
+def check_run_overrides(overrides: list[str]) -> list[str]:
+    """The ``--set`` overrides that a reproduction may take: only keys under :data:`RUN_SECTIONS`."""
+    refused = [o for o in overrides if o.partition("=")[0].strip().split(".")[0] not in RUN_SECTIONS]
+    if refused:
+        raise ValueError(f"--set {', '.join(refused)}: a reproduction's --set may change only "
+                         f"{', '.join(RUN_SECTIONS)}; the protocol of every study is the study file's")
+    return overrides
+
+
+def archive_study(folder: Path, archive: Path) -> None:
+    """Copy a study's compact records (:data:`ARCHIVED_FILES`) to ``archive/<study>/``, replacing what was there."""
+    target = archive / folder.name
+    target.mkdir(parents=True, exist_ok=True)
+    for name in ARCHIVED_FILES:
+        if (folder / name).is_file():
+            shutil.copy2(folder / name, target / name)
+
+
+def restore_archive(archive: Path, results: Path) -> list[str]:
+    """Copy every archived study that ``results`` lacks into it; the names restored."""
+    restored = []
+    for source in sorted(p for p in archive.glob("repro-*") if (p / TRIALS_FILE).is_file()):
+        if not (results / source.name).exists():
+            shutil.copytree(source, results / source.name)
+            restored.append(source.name)
+    return restored
+
+
+def sweep_overrides(dataset: str, study: str, source: str | None, quick: bool,
+                    run: tuple[str, ...] = ()) -> list[str]:
+    overrides = [f"name={study_name(dataset, study, quick)}", f"dataset.name={DATASETS[dataset]}", *run]
     if source:
         overrides.append(f"dataset.source={source}")
     if quick:
@@ -192,8 +174,13 @@ def run_study(dataset: str, study: str, args: argparse.Namespace) -> Path | None
     if finished_seeds(folder) >= seeds:
         print(f"{folder.name}: done ({seeds} seeds)", flush=True)
         return folder
+    if (folder / TRIALS_FILE).is_file() and not (folder / "tune").is_dir():
+        print(f"{folder.name}: holds {finished_seeds(folder)} of {seeds} seeds but no Tune state to resume them "
+              f"(restored from {ARCHIVE.relative_to(REPO)}?); reported as it is. Move the folder aside to rerun it "
+              "whole", file=sys.stderr)
+        return folder
     command = [sys.executable, "-m", "study.sweep", str(STUDY_DIR / f"{study}.yaml"), "--quiet"]
-    for override in sweep_overrides(dataset, study, args.sources.get(dataset), args.quick):
+    for override in sweep_overrides(dataset, study, args.sources.get(dataset), args.quick, tuple(args.overrides)):
         command += ["--set", override]
     if args.num_cpus:
         command += ["--num-cpus", str(args.num_cpus)]
@@ -402,6 +389,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the datasets to run studies on (the report covers every dataset with results)")
     parser.add_argument("--studies", nargs="+", default=[*MAIN_STUDIES, *ABLATIONS, *PUBLISHED_STUDIES],
                         choices=[*MAIN_STUDIES, *ABLATIONS, *PUBLISHED_STUDIES])
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help=f"a study-file override for every sweep, under {', '.join(RUN_SECTIONS)} only "
+                             "(e.g. resources.gpu=0.2: five seeds share one GPU)")
     parser.add_argument("--num-cpus", type=int, help="CPUs of the embedded Ray (default: the machine's)")
     parser.add_argument("--out", default=None, help="the report (default docs/reproduction.md; "
                                                     "results/repro-quick.md with --quick)")
@@ -419,7 +409,16 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"error: no study file for {', '.join(missing)} in {STUDY_DIR}", file=sys.stderr)
         return 2
+    try:
+        check_run_overrides(args.overrides)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     args.sources = {"ml-100k": args.ml100k, "lastfm": args.lastfm, "beauty": args.beauty}
+    if not args.quick:
+        restored = restore_archive(ARCHIVE, RESULTS)
+        if restored:
+            print(f"restored {len(restored)} studies from {ARCHIVE.relative_to(REPO)} into results/", flush=True)
     sections = []
     # --datasets and --studies say what runs; the report covers every dataset and study that has results
     for dataset in DATASETS:
@@ -431,9 +430,9 @@ def main(argv: list[str] | None = None) -> int:
         if dataset == "beauty":
             chosen = best_efficient(args)
             if runs and not chosen:
-                print("beauty: the model comparison waits until every efficient model ran on ml-100k and lastfm",
+                print("beauty: the two efficient models wait until every efficient model ran on ml-100k and lastfm",
                       file=sys.stderr)
-            reported = ["sasrec", "bert4rec", *chosen] if chosen else []
+            reported = ["sasrec", "bert4rec", *chosen]
         reported += [s for s in PUBLISHED_STUDIES if any(r.study == s and r.dataset == dataset for r in PUBLISHED)]
         folders = {}
         for study in reported:
@@ -442,6 +441,8 @@ def main(argv: list[str] | None = None) -> int:
                 run_study(dataset, study, args)
             if finished_seeds(folder):
                 folders[study] = folder
+                if not args.quick:
+                    archive_study(folder, ARCHIVE)
         compared = {k: v for k, v in folders.items() if k not in PUBLISHED_STUDIES}
         published = {k: v for k, v in folders.items() if k in PUBLISHED_STUDIES}
         lines = report(dataset, compared, args) if "sasrec" in compared and len(compared) > 1 else []

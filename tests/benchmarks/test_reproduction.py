@@ -6,19 +6,29 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+import pytest
 
 from benchmarks.reproduction import (
     ABLATION_GROUPS,
     ABLATIONS,
+    ARCHIVE,
+    ARCHIVED_FILES,
     CLAIMS,
     MAIN_STUDIES,
     PUBLISHED,
     PUBLISHED_STUDIES,
     STUDY_DIR,
+    archive_study,
     build_parser,
+    check_run_overrides,
     claim_lines,
+    finished_seeds,
+    main,
     progress_line,
     published_lines,
+    restore_archive,
+    run_study,
+    sweep_overrides,
     unconverged,
 )
 
@@ -113,3 +123,58 @@ def test_the_progress_line_reads_the_running_trials_epoch_files(tmp_path) -> Non
     line = progress_line(folder, 5)
     assert line.endswith("repro-lastfm-bert4rec-long: 2/5 seeds finished; running: a1b2c3d4 at epoch 3 "
                          "(best epoch 3, validation NDCG@10 0.0213)"), line
+
+
+def test_a_reproduction_override_may_change_where_a_study_runs_but_never_its_protocol() -> None:
+    run = ["resources.gpu=0.2", "resources.cpu=1", "checkpoint.every=0"]
+    assert check_run_overrides(run) == run
+    assert sweep_overrides("lastfm", "sasrec", None, False, tuple(run))[2:] == run
+    for changed in ("fixed.patience=50", "protocol.objective=bce", "budget.max_epochs=5", "search.seed={grid: [1]}",
+                    "dataset.name=beauty"):
+        with pytest.raises(ValueError, match="may change only resources"):
+            check_run_overrides(["resources.gpu=0.2", changed])
+    assert main(["--report-only", "--set", "fixed.patience=50"]) == 2  # refused before anything is written
+
+
+def write_study(folder, seeds_ok: list[int]) -> None:
+    """A finished study's files as the sweep writes them, plus the ones the archive leaves behind."""
+    (folder / "trials").mkdir(parents=True)
+    (folder / "models").mkdir()
+    pd.DataFrame({"status": ["ok"] * len(seeds_ok), "seed": seeds_ok}).to_parquet(folder / "trials.parquet")
+    pd.DataFrame({"epoch": [1, 2]}).to_parquet(folder / "history.parquet")
+    (folder / "study.yaml").write_text(f"name: {folder.name}\n")
+    (folder / "environment.json").write_text("{}")
+    (folder / "trials" / "a1b2c3d4.json").write_text("{}")
+    (folder / "models" / "model.pt").write_bytes(b"weights")
+
+
+def test_the_archive_keeps_what_the_report_reads_and_a_fresh_clone_gets_it_back(tmp_path) -> None:
+    results, archive = tmp_path / "results", tmp_path / "archive"
+    write_study(results / "repro-ml100k-sasrec", [1, 2, 3, 4, 5])
+    archive_study(results / "repro-ml100k-sasrec", archive)
+    kept = sorted(p.name for p in (archive / "repro-ml100k-sasrec").iterdir())
+    assert kept == sorted(ARCHIVED_FILES)  # no weights, no per-trial files, no Tune state
+    clone = tmp_path / "clone-results"
+    clone.mkdir()
+    (clone / "repro-ml100k-gru4rec").mkdir()  # a study this machine already has is left alone
+    assert restore_archive(archive, clone) == ["repro-ml100k-sasrec"]
+    assert finished_seeds(clone / "repro-ml100k-sasrec") == 5
+    assert restore_archive(archive, clone) == []  # already there: nothing is overwritten
+
+
+def test_a_study_restored_in_part_is_reported_as_it_is_and_not_resumed(tmp_path, monkeypatch, capsys) -> None:
+    import benchmarks.reproduction as reproduction
+
+    monkeypatch.setattr(reproduction, "RESULTS", tmp_path)
+    write_study(tmp_path / "repro-ml100k-elastic", [1, 2, 3])  # two seeds were lost with their machine
+    monkeypatch.setattr(reproduction.subprocess, "Popen", lambda *a, **k: pytest.fail("a sweep was started"))
+    args = build_parser().parse_args(["--studies", "elastic"])
+    args.sources, args.out = {}, str(tmp_path / "report.md")
+    assert run_study("ml-100k", "elastic", args) == tmp_path / "repro-ml100k-elastic"
+    assert "holds 3 of 5 seeds but no Tune state" in capsys.readouterr().err
+
+
+def test_the_tracked_archive_holds_only_the_compact_records() -> None:
+    for folder in ARCHIVE.glob("repro-*"):
+        assert {p.name for p in folder.iterdir()} <= set(ARCHIVED_FILES), folder
+        assert finished_seeds(folder) >= 1, folder

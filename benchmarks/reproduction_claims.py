@@ -1,0 +1,82 @@
+"""The published claims and table rows that ``python -m benchmarks.reproduction`` tests (docs/reproduction.md).
+
+Each claim names its source, the two reproduction studies it compares and how it is judged; each published row is
+a full-ranking result that a study reruns under the same protocol.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One published claim as this report tests it: ``candidate`` against ``reference`` on ``metrics``.
+
+    ``kind``: ``better`` (candidate above reference, paired t-test p < 0.05 after Holm over every claim line),
+    ``ratio`` (candidate's mean at least ``bound`` × the reference's), ``within`` (|mean difference| <= ``bound``).
+    """
+
+    text: str
+    source: str
+    candidate: str
+    reference: str
+    kind: str
+    bound: float = 0.0
+    metrics: tuple[str, ...] = ("test_ndcg@10",)
+
+
+CLAIMS = (
+    Claim("BERT4Rec reaches at least 0.9x SASRec's NDCG@10 when trained long enough",
+          "Klenitskiy & Vasilev, RecSys 2023", "bert4rec", "sasrec", "ratio", 0.9),
+    Claim("SASRec outperforms GRU4Rec", "Kang & McAuley, ICDM 2018, Table III", "sasrec", "gru4rec", "better"),
+    Claim("SASRec outperforms FPMC", "Kang & McAuley, ICDM 2018, Table III", "sasrec", "fpmc", "better"),
+    Claim("HSTU outperforms SASRec", "Zhai et al., ICML 2024 (ML-1M: +7% NDCG@10)", "hstu", "sasrec", "better"),
+    Claim("LinRec keeps SASRec's accuracy (at least 0.98x NDCG@10)", "Liu et al., SIGIR 2023", "linrec", "sasrec",
+          "ratio", 0.98),
+    Claim("RecGRELA outperforms SASRec", "RecGRELA, Table 4 (+0.61% to +4.98% over the best baseline)",
+          "recgrela", "sasrec", "better"),
+    Claim("Cotten4Rec stays within about 2% of BERT4Rec's NDCG@10 (at least 0.98x)",
+          "Cotten4Rec (Beauty; 11% lower on ML-1M)", "cotten4rec", "bert4rec", "ratio", 0.98),
+    Claim("ELASTIC outperforms SASRec", "ELASTIC, Table 2 (+2.37% on average over its baselines)", "elastic",
+          "sasrec", "better"),
+    Claim("LISA-Base stays within 0.01 of a 1-layer, 1-head Transformer on HR@10 and NDCG@10",
+          "Wu et al., WWW 2021, Table 3", "lisa-base", "sasrec-1l1h", "within", 0.01,
+          ("test_hr@10", "test_ndcg@10")),
+    Claim("LISA-Soft stays within 0.01 of a 1-layer, 1-head Transformer on HR@10 and NDCG@10",
+          "Wu et al., WWW 2021, Table 3", "lisa-soft", "sasrec-1l1h", "within", 0.01,
+          ("test_hr@10", "test_ndcg@10")),
+    Claim("LISA-Mini stays within 0.01 of a 1-layer, 1-head Transformer on HR@10 and NDCG@10",
+          "Wu et al., WWW 2021, Table 3", "lisa-mini", "sasrec-1l1h", "within", 0.01,
+          ("test_hr@10", "test_ndcg@10")),
+    Claim("ELASTIC's hierarchical query network beats the mean query", "ELASTIC, Table 3", "elastic",
+          "elastic-mean-query", "better"),
+    Claim("ELASTIC's per-user interest retrieval (IMR) beats shared interest tokens", "ELASTIC, Table 3", "elastic",
+          "elastic-no-imr", "better"),
+    Claim("ELASTIC's dispatcher aggregation helps", "ELASTIC design (no ablation row in the paper)", "elastic",
+          "elastic-no-dispatcher", "better"),
+)
+
+
+@dataclass(frozen=True)
+class PublishedRow:
+    """A published full-ranking result that ``study`` reruns under the same protocol on ``dataset``.
+
+    ``kind``: ``match`` (our mean NDCG@10 within 5 % of the published one, or above it) or ``beat`` (above it).
+    """
+
+    study: str
+    dataset: str
+    source: str
+    hr10: float
+    ndcg10: float
+    kind: str
+
+
+S3REC_TABLE = "S3Rec (Zhou et al., CIKM 2020), all-item ranking table, SASRec row"
+PUBLISHED = (
+    PublishedRow("sasrec-s3rec-bce", "lastfm", S3REC_TABLE, 0.0688, 0.0390, "match"),
+    PublishedRow("sasrec-s3rec-bce", "beauty", S3REC_TABLE, 0.0605, 0.0318, "match"),
+    PublishedRow("sasrec-s3rec-ce", "lastfm", S3REC_TABLE, 0.0688, 0.0390, "beat"),
+    PublishedRow("sasrec-s3rec-ce", "beauty", S3REC_TABLE, 0.0605, 0.0318, "beat"),
+)
