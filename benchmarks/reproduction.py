@@ -435,10 +435,11 @@ def main(argv: list[str] | None = None) -> int:
             reported = ["sasrec", "bert4rec", *chosen]
         reported += [s for s in PUBLISHED_STUDIES if any(r.study == s and r.dataset == dataset for r in PUBLISHED)]
         folders = {}
+        # studies run in the order --studies gives (cheap ones first, say), then are reported in the report's order
+        for study in (s for s in args.studies if runs and s in reported):
+            run_study(dataset, study, args)
         for study in reported:
             folder = RESULTS / study_name(dataset, study, args.quick)
-            if runs and study in args.studies:
-                run_study(dataset, study, args)
             if finished_seeds(folder):
                 folders[study] = folder
                 if not args.quick:
@@ -448,6 +449,9 @@ def main(argv: list[str] | None = None) -> int:
         lines = report(dataset, compared, args) if "sasrec" in compared and len(compared) > 1 else []
         lines += published_section(dataset, published, args) if published else []
         sections += [f"## {dataset}", "", *lines] if lines else []
+    if not sections:  # nothing to report (a machine without results or records): keep what the page says
+        print(f"no study has results to report; {args.out} is left as it is", file=sys.stderr)
+        return 0
     write_report(sections, Path(args.out))
     print(f"report: {args.out}")
     return 0

@@ -178,3 +178,28 @@ def test_the_tracked_archive_holds_only_the_compact_records() -> None:
     for folder in ARCHIVE.glob("repro-*"):
         assert {p.name for p in folder.iterdir()} <= set(ARCHIVED_FILES), folder
         assert finished_seeds(folder) >= 1, folder
+
+
+def test_studies_run_in_the_order_given_and_are_reported_in_the_reports(tmp_path, monkeypatch) -> None:
+    import benchmarks.reproduction as reproduction
+
+    monkeypatch.setattr(reproduction, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(reproduction, "ARCHIVE", tmp_path / "archive")
+    ran = []
+    monkeypatch.setattr(reproduction, "run_study", lambda dataset, study, args: ran.append((dataset, study)))
+    assert main(["--datasets", "ml-100k", "--studies", "fpmc", "elastic", "sasrec",
+                 "--out", str(tmp_path / "report.md")]) == 0
+    assert ran == [("ml-100k", "fpmc"), ("ml-100k", "elastic"), ("ml-100k", "sasrec")]
+
+
+def test_a_report_with_no_results_leaves_the_page_as_it_is(tmp_path, monkeypatch) -> None:
+    import benchmarks.reproduction as reproduction
+
+    monkeypatch.setattr(reproduction, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(reproduction, "ARCHIVE", tmp_path / "archive")
+    page = tmp_path / "report.md"
+    page.write_text("# Reproduction\n\n<!-- generated: python -m benchmarks.reproduction -->\n| table |\n"
+                    "<!-- end of generated part -->\n")
+    before = page.read_text()
+    assert main(["--report-only", "--out", str(page)]) == 0
+    assert page.read_text() == before
