@@ -23,6 +23,8 @@ early stopping on validation NDCG@20; S3Rec's BCE with one negative, then the zo
 that table's published SASRec row, not against the other studies. An interrupted run continues where it stopped: a
 finished study is never rerun, and an unfinished one resumes from Tune's state. While a study runs, a line every
 ``--progress-every`` seconds gives its finished seeds and each running trial's epoch and best epoch so far.
+Studies run in the order ``--studies`` names them (put the cheap ones before ELASTIC, whose epoch is ~250 times
+SASRec's) and are reported in the report's own order.
 Every study's compact records (``trials.parquet``, ``history.parquet``, ``study.yaml``, ``environment.json``: what
 the report reads, not the weights, Tune's state or the per-trial files) are kept in the repository under
 ``docs/reproduction/runs/<study>/``. ``results/`` is not tracked, so on a fresh clone they are copied back into it
