@@ -54,7 +54,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from benchmarks.reproduction_claims import CLAIMS, PUBLISHED, Claim, PublishedRow  # noqa: F401 (the report's claims)
+from benchmarks.reproduction_claims import CLAIMS, PUBLISHED, Claim
 from study.analysis.runs import (
     ENVIRONMENT_FILE,
     HISTORY_FILE,
@@ -124,8 +124,18 @@ def archive_study(folder: Path, archive: Path) -> None:
     target = archive / folder.name
     target.mkdir(parents=True, exist_ok=True)
     for name in ARCHIVED_FILES:
-        if (folder / name).is_file():
-            shutil.copy2(folder / name, target / name)
+        source, kept = folder / name, target / name
+        if source.is_file() and not _same_file(source, kept):
+            shutil.copy2(source, kept)
+
+
+def _same_file(source: Path, kept: Path) -> bool:
+    """Whether ``kept`` is already ``source``'s copy: ``copy2`` keeps the modification time, so size and time say it
+    without reading either file (a report run would otherwise rewrite every archived study each time)."""
+    if not kept.is_file():
+        return False
+    a, b = source.stat(), kept.stat()
+    return a.st_size == b.st_size and a.st_mtime_ns == b.st_mtime_ns
 
 
 def restore_archive(archive: Path, results: Path) -> list[str]:

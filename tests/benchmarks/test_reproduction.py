@@ -203,3 +203,16 @@ def test_a_report_with_no_results_leaves_the_page_as_it_is(tmp_path, monkeypatch
     before = page.read_text()
     assert main(["--report-only", "--out", str(page)]) == 0
     assert page.read_text() == before
+
+
+def test_archiving_again_copies_only_the_records_that_changed(tmp_path) -> None:
+    folder, archive = tmp_path / "results" / "repro-ml100k-sasrec", tmp_path / "archive"
+    write_study(folder, [1, 2, 3, 4, 5])
+    archive_study(folder, archive)
+    kept = archive / folder.name / "trials.parquet"
+    first = kept.stat().st_ctime_ns
+    archive_study(folder, archive)
+    assert kept.stat().st_ctime_ns == first  # unchanged: not rewritten
+    pd.DataFrame({"status": ["ok"] * 6, "seed": [1, 2, 3, 4, 5, 6]}).to_parquet(folder / "trials.parquet")
+    archive_study(folder, archive)
+    assert finished_seeds(archive / folder.name) == 6  # changed: copied again
