@@ -63,14 +63,19 @@ def _plain_log_formatter():
 
 def save_figure(figure: Figure, stem: str | Path, *, dpi: int = 150) -> list[Path]:
     """Write ``stem.png`` and ``stem.svg`` (folders created as needed), close the figure, return the paths."""
+    plt = _pyplot()
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = []
-    for suffix in FORMATS:
-        path = stem.with_suffix(f".{suffix}")
-        figure.savefig(path, dpi=dpi, bbox_inches="tight")
-        paths.append(path)
-    _pyplot().close(figure)
+    # The same figure gives the same bytes (an SVG without its date, its element ids from a fixed salt), so a
+    # regenerated report whose numbers did not change leaves its tracked files, docs/reproduction's among them,
+    # unchanged.
+    with plt.rc_context({"svg.hashsalt": "seqrec-study"}):
+        for suffix in FORMATS:
+            path = stem.with_suffix(f".{suffix}")
+            figure.savefig(path, dpi=dpi, bbox_inches="tight", metadata={"Date": None} if suffix == "svg" else None)
+            paths.append(path)
+    plt.close(figure)
     return paths
 
 
