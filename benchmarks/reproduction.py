@@ -30,7 +30,9 @@ the report reads, not the weights, Tune's state or the per-trial files) are kept
 ``docs/reproduction/runs/<study>/``. ``results/`` is not tracked, so on a fresh clone they are copied back into it
 first: the report then regenerates from the clone alone, and a study they hold in full is not rerun. A study they
 hold in part (its run was lost before every seed finished) is reported with the seeds it has and is not resumed,
-since Tune's state did not travel with it: move its folder aside to rerun it whole.
+since Tune's state did not travel with it: move its folder aside to rerun it whole. The dataset table of each report
+comes from the prepared copy in the local data cache, which is made from ``--ml100k``/``--lastfm``/``--beauty`` when
+they are given (``--report-only`` too): give them to regenerate the page exactly.
 
 ``--set`` passes a study-file override to every sweep after the run's own (``--set resources.gpu=0.2`` lets the five
 seeds of a study share one GPU). It changes where and how fast a study runs, never its protocol: keys under
@@ -53,6 +55,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import yaml
 
 from benchmarks.reproduction_claims import CLAIMS, PUBLISHED, Claim
 from study.analysis.runs import (
@@ -66,6 +69,8 @@ from study.analysis.runs import (
 )
 from study.analysis.significance import compare, holm
 from study.analysis.tables import fmt, fmt_p
+from study.data import prepare
+from study.errors import UserError
 from study.search.recorder import PARTIAL_HISTORY_SUFFIX
 
 REPO = Path(__file__).resolve().parents[1]
@@ -82,6 +87,8 @@ MAIN_STUDIES = ("sasrec", "bert4rec", "gru4rec", "fpmc", "hstu", "linrec", "recg
 # studies that each change one part of a model, shown in a table beside the full model's and its other variants
 # (BERT4Rec's "ablations" change its regularisation or its training budget, not its network)
 ABLATION_GROUPS = {"ELASTIC": ("elastic", "elastic-mean-query", "elastic-no-imr", "elastic-no-dispatcher"),
+                   # SASRec trained with ELASTIC's objective: ELASTIC's comparison with its architecture alone changed
+                   "SASRec": ("sasrec", "sasrec-last"),
                    "LISA": ("lisa-base", "lisa-base-w16", "lisa-soft", "lisa-mini"),
                    "BERT4Rec": ("bert4rec", "bert4rec-dropout05", "bert4rec-long")}
 ABLATIONS = tuple(study for group in ABLATION_GROUPS.values() for study in group if study not in MAIN_STUDIES)
@@ -146,6 +153,19 @@ def restore_archive(archive: Path, results: Path) -> list[str]:
             shutil.copytree(source, results / source.name)
             restored.append(source.name)
     return restored
+
+
+def prepare_for_report(dataset: str, source: str | None) -> None:
+    """Put ``dataset``'s prepared copy in this machine's data cache, as its studies prepared it, when its source file
+    is given: study.report reads the dataset's statistics (users, items, lengths) from there, so without it a report
+    regenerated on a fresh machine would lose them. Already there, it is reused and nothing is read."""
+    if not source:
+        return
+    max_len = yaml.safe_load((STUDY_DIR / "sasrec.yaml").read_text())["fixed"]["max_len"]  # every study's window
+    try:
+        prepare(DATASETS[dataset], source=source, max_len=max_len, progress=False)
+    except (UserError, OSError, ValueError) as error:
+        print(f"{dataset}: the report's dataset statistics are left out ({error})", file=sys.stderr)
 
 
 def sweep_overrides(dataset: str, study: str, source: str | None, quick: bool,
@@ -384,7 +404,8 @@ def write_report(sections: list[str], out: Path) -> None:
 def report(dataset: str, folders: dict[str, Path], args: argparse.Namespace) -> list[str]:
     out = Path(args.out)
     report_dir = out.parent / out.stem / dataset
-    reference = f"sasrec@{folders['sasrec'].name}" if "sasrec-1l1h" in folders else "sasrec"
+    # another SASRec study (1L1H, `last`) makes study.report label each SASRec study model@study
+    reference = f"sasrec@{folders['sasrec'].name}" if any(s.startswith("sasrec-") for s in folders) else "sasrec"
     command = [sys.executable, "-m", "study.report", *map(str, folders.values()), "--out", str(report_dir),
                "--metrics", ",".join(METRICS), "--reference", reference]
     if subprocess.run(command, cwd=REPO, stdout=subprocess.DEVNULL).returncode != 0:
@@ -458,6 +479,8 @@ def main(argv: list[str] | None = None) -> int:
                     archive_study(folder, ARCHIVE)
         compared = {k: v for k, v in folders.items() if k not in PUBLISHED_STUDIES}
         published = {k: v for k, v in folders.items() if k in PUBLISHED_STUDIES}
+        if folders:
+            prepare_for_report(dataset, args.sources.get(dataset))
         lines = report(dataset, compared, args) if "sasrec" in compared and len(compared) > 1 else []
         lines += published_section(dataset, published, args) if published else []
         sections += [f"## {dataset}", "", *lines] if lines else []

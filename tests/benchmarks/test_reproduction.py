@@ -24,6 +24,7 @@ from benchmarks.reproduction import (
     claim_lines,
     finished_seeds,
     main,
+    prepare_for_report,
     progress_line,
     published_lines,
     restore_archive,
@@ -92,7 +93,7 @@ def test_every_study_has_a_file_and_each_ablation_sits_beside_its_full_model() -
     for study in (*MAIN_STUDIES, *ABLATIONS):
         assert (STUDY_DIR / f"{study}.yaml").is_file(), study
     assert set(ABLATIONS) == {"elastic-mean-query", "elastic-no-imr", "elastic-no-dispatcher", "lisa-base-w16",
-                              "bert4rec-dropout05", "bert4rec-long"}
+                              "bert4rec-dropout05", "bert4rec-long", "sasrec-last"}
     for model, group in ABLATION_GROUPS.items():
         assert group[0] in MAIN_STUDIES and group[0].startswith(model.lower())  # the full model heads its table
 
@@ -216,3 +217,19 @@ def test_archiving_again_copies_only_the_records_that_changed(tmp_path) -> None:
     pd.DataFrame({"status": ["ok"] * 6, "seed": [1, 2, 3, 4, 5, 6]}).to_parquet(folder / "trials.parquet")
     archive_study(folder, archive)
     assert finished_seeds(archive / folder.name) == 6  # changed: copied again
+
+
+def test_the_report_prepares_a_given_dataset_where_study_report_reads_its_statistics(tmp_path, data_cache,
+                                                                                      capsys) -> None:
+    from study.data import list_prepared
+
+    source = tmp_path / "LastFM.txt"  # S3Rec's format: a user, then their items in order
+    source.write_text("".join(f"{user} " + " ".join(str(10 * user + i) for i in range(8)) + "\n"
+                              for user in range(1, 7)))
+    prepare_for_report("lastfm", None)  # no source: nothing to prepare (and nothing downloaded)
+    assert list_prepared() == []
+    prepare_for_report("lastfm", str(source))
+    [(_, meta)] = list_prepared()
+    assert (meta["num_users"], meta["num_items"], meta["max_len"]) == (6, 48, 50)
+    prepare_for_report("lastfm", str(tmp_path / "missing.txt"))  # a wrong path costs the statistics, not the report
+    assert "statistics are left out" in capsys.readouterr().err
