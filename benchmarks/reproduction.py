@@ -55,7 +55,6 @@ import time
 from pathlib import Path
 
 import pandas as pd
-import yaml
 
 from benchmarks.reproduction_claims import CLAIMS, PUBLISHED, Claim
 from study.analysis.runs import (
@@ -72,6 +71,7 @@ from study.analysis.tables import fmt, fmt_p
 from study.data import prepare
 from study.errors import UserError
 from study.search.recorder import PARTIAL_HISTORY_SUFFIX
+from study.spec.yaml_io import read_yaml
 
 REPO = Path(__file__).resolve().parents[1]
 STUDY_DIR = REPO / "search_spaces" / "reproduction"
@@ -161,7 +161,7 @@ def prepare_for_report(dataset: str, source: str | None) -> None:
     regenerated on a fresh machine would lose them. Already there, it is reused and nothing is read."""
     if not source:
         return
-    max_len = yaml.safe_load((STUDY_DIR / "sasrec.yaml").read_text())["fixed"]["max_len"]  # every study's window
+    max_len = read_yaml(STUDY_DIR / "sasrec.yaml")[0]["fixed"]["max_len"]  # every study's window
     try:
         prepare(DATASETS[dataset], source=source, max_len=max_len, progress=False)
     except (UserError, OSError, ValueError) as error:
