@@ -11,6 +11,7 @@ is prepared, Ray starts, and :func:`study.search.runner.run_study` runs the tria
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from typing import Any
 
@@ -61,6 +62,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def resume_command(args: argparse.Namespace) -> str:
+    """The command that continues an interrupted sweep: the study's name and storage may come from ``--set``, and
+    its Tune state from ``--address``, so the ``--resume`` line must repeat them to find the run it continues."""
+    words = ["python", "-m", "study.sweep", args.study, *(w for o in args.overrides for w in ("--set", o))]
+    if args.address != "local":
+        words += ["--address", args.address]
+    if args.num_cpus is not None:
+        words += ["--num-cpus", str(args.num_cpus)]
+    return shlex.join([*words, "--resume"])
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
@@ -87,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
 
     return run_command(body, address=args.address, first_line=None if args.dry_run else
                        f"study.sweep: validating {args.study}, then preparing its dataset and starting Ray",
-                       interrupted=f"continue with: python -m study.sweep {args.study} --resume")
+                       interrupted=f"continue with: {resume_command(args)}")
 
 
 if __name__ == "__main__":

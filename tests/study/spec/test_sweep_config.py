@@ -215,3 +215,24 @@ def test_help_documents_the_schema(capsys: pytest.CaptureFixture) -> None:
                     "loguniform", "grid", "--set", "budget.max_epochs=1",
                     "--dry-run", "--resume", "--dashboard"):
         assert section in out, section
+
+
+def test_ctrl_c_names_the_resume_command_with_the_overrides_that_locate_the_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """A study renamed or moved with --set is found again only if --resume repeats those --set: the hint must."""
+    import shlex
+
+    from study.sweep import build_parser
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("study.search.runner.run_study", interrupted)
+    overrides = ["name=renamed-run", f"storage={tmp_path / 'my results' / 'renamed-run'}"]
+    argv = [str(REPO / "search_spaces" / "sasrec.yaml"), *(w for o in overrides for w in ("--set", o)),
+            "--num-cpus", "1"]
+    assert main(argv) == 130
+    hint = capsys.readouterr().err.strip().splitlines()[-1]
+    assert hint.startswith("interrupted; continue with: python -m study.sweep ")
+    again = build_parser().parse_args(shlex.split(hint.split("python -m study.sweep ", 1)[1]))
+    assert again.study == argv[0] and again.overrides == overrides and again.num_cpus == 1 and again.resume
