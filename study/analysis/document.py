@@ -31,6 +31,7 @@ metric, studies evaluated under different protocols) is a :class:`~study.errors.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,6 +139,15 @@ def default_out(paths: list[Path]) -> Path:
     return paths[0].resolve().parent / f"report-{safe_name(names)[:100]}"
 
 
+def relative_to_report(folder: str | Path, out_dir: Path) -> str:
+    """``folder`` as a path from the report's folder, so that a report moved or committed with its results still
+    locates them and names no one's home directory; absolute where no relative path exists (another drive)."""
+    try:
+        return Path(os.path.relpath(Path(folder).resolve(), out_dir.resolve())).as_posix()
+    except ValueError:
+        return str(folder)
+
+
 def _reference_model(options: ReportOptions, labels: list[str]) -> str | None:
     """The reference of the tests: --reference, else sasrec when it is among the studies, else none."""
     reference = options.reference_model
@@ -211,6 +221,8 @@ def build_report(paths: list[str | Path], out: str | Path | None = None,
         searched = {s.label: s.searched for s in context.studies}
         specs = {s.label: s.study.get("search") or {} for s in context.studies}
         context.hparam_figures = plot_hyperparameters(context.result, options.objectives, searched, specs, out_dir)
+    studies = context.tables["studies"]
+    studies["folder"] = [relative_to_report(folder, out_dir) for folder in studies["folder"]]
     for stem, frame in context.tables.items():
         write_table(frame, out_dir, stem)
     doc = compose(context)

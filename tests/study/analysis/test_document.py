@@ -244,3 +244,11 @@ def test_replicate_plan_shows_rounded_values() -> None:
     text = replicate_cli.describe(plan)
     assert "lr=0.0003162, dropout=0.1235, hidden_size=32" in text and "seeds 1, 2" in text
     assert str(LONG_LR) not in text
+
+
+def test_studies_table_locates_each_results_folder_from_the_report(report: dict[str, Any]) -> None:
+    studies = pd.read_csv(report["out"] / "studies.csv").set_index("study")
+    for name in ("lastfm-sasrec", "lastfm-gru4rec"):
+        folder = studies.loc[name, "folder"]
+        assert not Path(folder).is_absolute()  # no one's home directory in a committed report
+        assert (report["out"] / folder / "trials.parquet").is_file()
