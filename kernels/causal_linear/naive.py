@@ -98,13 +98,18 @@ def naive_chunk_causal_linear_attention(
     eps: float = 1e-6,
     chunk_size: int = 64,
 ) -> torch.Tensor:
-    """Chunked reference (the same algorithm as the Triton kernel, written with batched torch ops)."""
+    """Chunked reference (the same algorithm as the Triton kernel, written with batched torch ops).
+
+    ``chunk_size`` is the longest chunk: the N positions are cut into ceil(N / chunk_size) chunks of one length,
+    the shortest that holds them, so a window of 50 is one chunk of 50 (not one of 64 with 14 rows of zeros) and
+    a trimmed batch of 6 columns costs a tenth of a full one. This is the path every CPU model trains on.
+    """
     out_dtype = v.dtype
     q, k, v, qr, kr = _prepare(q, k, v, rope, rope_base)
     B, H, N, D = q.shape
     DV = v.shape[-1]
-    T = chunk_size
-    NT = -(-N // T)
+    NT = max(1, -(-N // chunk_size))
+    T = -(-N // NT)
     pad = NT * T - N
     if pad:
         # Zero rows appended at the END never influence earlier (causal) outputs; they are cut off below.

@@ -24,6 +24,21 @@ def test_chunked_reference_equals_the_quadratic_form(normalize, rope, chunk):
     assert_close_rel(fast, slow, 1e-12, "chunked vs O(N²)")
 
 
+def test_chunked_reference_spends_no_compute_on_chunk_padding():
+    """The CPU path cuts N positions into equal chunks of at most 64: a short (trimmed) window is one chunk of its
+    own length, and 70 positions are two chunks of 35, not 128 rows of which 58 are zeros."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def flops(n: int) -> int:
+        q, k, v = feature_map(*linear_inputs(2, 2, n, 8, dtype=torch.float32, requires_grad=False))
+        with FlopCounterMode(display=False) as counter:
+            kernels.naive_chunk_causal_linear_attention(q, k, v, normalize=True, rope=True)
+        return counter.get_total_flops()
+
+    assert flops(64) >= 7 * flops(8)  # the intra-chunk T×T products shrink with T
+    assert flops(70) <= 1.2 * flops(64)  # 2×35, against 2×64 for fixed chunks of 64
+
+
 def test_quadratic_form_matches_a_per_position_loop():
     """The O(N²) reference itself against the definition, position by position (with RoPE)."""
     torch.manual_seed(1)
