@@ -14,13 +14,15 @@ A window's last column is the newest item. The objectives read it differently:
 With ``trim`` (``TrainStep`` passes ``TrainConfig.trim_padding``, on by default) the columns that are padding
 in every window of the batch are dropped before the model runs (:mod:`study.train.padding`); the target column
 always stays, and the cloze mask is drawn over the full width first, so the random draws are the untrimmed ones.
-``last`` also groups the batch's prefixes by length (:func:`last_hidden_by_length`): the batch, hence the
-sampling, is unchanged; only the forward pass runs in ``LENGTH_GROUPS`` narrower pieces.
+Every objective but ``cloze`` also groups the batch's windows by length (:func:`hidden_by_length`,
+:func:`last_hidden_by_length`): the batch, hence the sampling, is unchanged; only the forward pass runs in
+``LENGTH_GROUPS`` narrower pieces. A dropout mask drawn per piece is a different draw from the same distribution,
+so grouped and ungrouped runs are twins only without dropout.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -57,9 +59,14 @@ def _full_softmax_ce(hidden: torch.Tensor, targets: torch.Tensor, weights: torch
     return F.cross_entropy(logits, targets)
 
 
-def causal_loss(model: SeqRecModel, windows: torch.Tensor, users: torch.Tensor | None = None) -> torch.Tensor:
+def _hidden(model: SeqRecModel, inputs: torch.Tensor, users: torch.Tensor | None, trim: bool) -> torch.Tensor:
+    return hidden_by_length(model, inputs, users) if trim else model(inputs, **model.user_inputs(users))
+
+
+def causal_loss(model: SeqRecModel, windows: torch.Tensor, users: torch.Tensor | None = None,
+                trim: bool = False) -> torch.Tensor:
     inputs, targets = windows[:, :-1], windows[:, 1:]
-    hidden = model(inputs, **model.user_inputs(users))
+    hidden = _hidden(model, inputs, users, trim)
     scored = (targets > 0) & (inputs > 0)
     return _full_softmax_ce(hidden[scored], targets[scored], model.item_weights())
 
@@ -72,8 +79,9 @@ def last_loss(model: SeqRecModel, windows: torch.Tensor, users: torch.Tensor | N
     return _full_softmax_ce(hidden, windows[:, -1], model.item_weights())
 
 
-# Prefixes of one shuffled batch range from 1 item to max_len, so one long prefix makes the whole batch wide
-# (LastFM at max_len 200: trimming alone saves 3% of the positions, four groups 58%).
+# One long history makes a shuffled batch wide: at max_len 50, 87% of a Beauty batch's input positions are padding
+# and trimming alone saves none of them; four groups leave 59%. `last` at max_len 200 on LastFM: trimming alone
+# saves 3% of the positions, four groups 58%.
 LENGTH_GROUPS = 4
 
 
@@ -93,22 +101,22 @@ def length_groups(lengths: torch.Tensor, groups: int = LENGTH_GROUPS) -> list[to
     return merged
 
 
-def last_hidden_by_length(model: SeqRecModel, inputs: torch.Tensor,
-                          users: torch.Tensor | None = None) -> torch.Tensor:
-    """``model.last_hidden(inputs)`` computed in length groups, each trimmed to its own longest prefix.
+def _run_by_length(model: SeqRecModel, inputs: torch.Tensor, users: torch.Tensor | None,
+                   run: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]) -> torch.Tensor:
+    """``run(rows, their users)`` on each length group of ``inputs``, trimmed to the group's longest prefix; the
+    outputs come back in the batch's order.
 
-    The rows are the same and no model mixes rows, so each row's hidden state is the one of the whole batch (up
-    to float rounding); they come back in the batch's order. An auxiliary loss (LISA-Soft's) is a mean over real
-    input positions, so the groups' terms are recombined weighted by their numbers of real positions.
+    No model mixes rows, so each row's output is the one of the whole batch (up to float rounding). An auxiliary
+    loss (LISA-Soft's) is a mean over real input positions, so the groups' terms are recombined weighted by their
+    numbers of real positions.
     """
     real = inputs > 0
     groups = length_groups(real.sum(1))
     if len(groups) == 1:
-        return model.last_hidden(trim_padding(inputs), **model.user_inputs(users))
+        return run(trim_padding(inputs), users)
     parts, order, aux_terms = [], [], []
     for rows in groups:
-        group_users = None if users is None else users[rows]
-        parts.append(model.last_hidden(trim_padding(inputs[rows]), **model.user_inputs(group_users)))
+        parts.append(run(trim_padding(inputs[rows]), None if users is None else users[rows]))
         order.append(rows)
         aux = model.aux_loss()
         if aux is not None:
@@ -116,6 +124,24 @@ def last_hidden_by_length(model: SeqRecModel, inputs: torch.Tensor,
     if aux_terms:
         model.record_aux_loss(torch.stack(aux_terms).sum() / real.sum().clamp(min=1))
     return torch.cat(parts)[torch.argsort(torch.cat(order))]
+
+
+def last_hidden_by_length(model: SeqRecModel, inputs: torch.Tensor,
+                          users: torch.Tensor | None = None) -> torch.Tensor:
+    """``model.last_hidden(inputs)`` computed in length groups (:func:`_run_by_length`)."""
+    return _run_by_length(model, inputs, users, lambda rows, u: model.last_hidden(rows, **model.user_inputs(u)))
+
+
+def hidden_by_length(model: SeqRecModel, inputs: torch.Tensor, users: torch.Tensor | None = None) -> torch.Tensor:
+    """``model(inputs)`` (B, L, d) computed in length groups (:func:`_run_by_length`). The columns a group drops
+    come back as zeros: they hold no input item, so no objective scores them."""
+    width = inputs.shape[1]
+
+    def run(rows: torch.Tensor, group_users: torch.Tensor | None) -> torch.Tensor:
+        hidden = model(rows, **model.user_inputs(group_users))
+        return F.pad(hidden, (0, 0, width - rows.shape[1], 0))
+
+    return _run_by_length(model, inputs, users, run)
 
 
 def cloze_samples_per_window(config: Any) -> int:
@@ -132,8 +158,6 @@ def computed_positions(objective: str, windows: np.ndarray, trim: bool, cloze_sa
         return cloze_samples * len(windows) * width
     if not trim:
         return inputs.size
-    if objective != "last":
-        return len(windows) * (windows.shape[1] - padding_columns(windows, keep=2) - 1)
     lengths = torch.as_tensor((inputs > 0).sum(1))
     return sum(len(rows) * max(int(lengths[rows].max()), 1) for rows in length_groups(lengths))
 
@@ -176,9 +200,9 @@ def cloze_loss(model: SeqRecModel, windows: torch.Tensor, mask_prob: float, gene
 
 
 def bce_loss(model: SeqRecModel, windows: torch.Tensor, generator: torch.Generator,
-             users: torch.Tensor | None = None) -> torch.Tensor:
+             users: torch.Tensor | None = None, trim: bool = False) -> torch.Tensor:
     inputs, targets = windows[:, :-1], windows[:, 1:]
-    hidden = model(inputs, **model.user_inputs(users))
+    hidden = _hidden(model, inputs, users, trim)
     scored = (targets > 0) & (inputs > 0)
     hidden, positives = hidden[scored], targets[scored]
     weights = model.item_weights()
@@ -258,9 +282,10 @@ def sampled_softmax_ce(hidden: torch.Tensor, positives: torch.Tensor, weights: t
 
 
 def sampled_ce_loss(model: SeqRecModel, windows: torch.Tensor, sampler: NegativeSampler,
-                    generator: torch.Generator, users: torch.Tensor | None = None) -> torch.Tensor:
+                    generator: torch.Generator, users: torch.Tensor | None = None,
+                    trim: bool = False) -> torch.Tensor:
     inputs, targets = windows[:, :-1], windows[:, 1:]
-    hidden = model(inputs, **model.user_inputs(users))
+    hidden = _hidden(model, inputs, users, trim)
     scored = (targets > 0) & (inputs > 0)
     negatives = sampler.draw(generator, windows.device)
     return sampled_softmax_ce(hidden[scored], targets[scored], model.item_weights(), negatives,
@@ -275,17 +300,17 @@ def objective_loss(objective: str, model: SeqRecModel, windows: torch.Tensor, *,
     if trim and objective != "cloze":
         windows = trim_padding(windows, keep=2)  # at least one input column beside the targets
     if objective == "causal":
-        loss = causal_loss(model, windows, users)
+        loss = causal_loss(model, windows, users, trim)
     elif objective == "last":
         loss = last_loss(model, windows, users, trim)
     elif objective == "cloze":
         loss = cloze_loss(model, windows, mask_prob, generator, trim)
     elif objective == "bce":
-        loss = bce_loss(model, windows, generator, users)
+        loss = bce_loss(model, windows, generator, users, trim)
     elif objective == "sampled_ce":
         if sampler is None:
             raise ValueError("the sampled_ce objective needs a NegativeSampler")
-        loss = sampled_ce_loss(model, windows, sampler, generator, users)
+        loss = sampled_ce_loss(model, windows, sampler, generator, users, trim)
     else:
         raise ValueError(f"unknown objective {objective!r}")
     aux = model.aux_loss()

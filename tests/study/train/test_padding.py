@@ -15,7 +15,13 @@ import torch
 import models
 from study.train.cost import EpochCost
 from study.train.metrics import EvalSplit, evaluate
-from study.train.objectives import computed_positions, history_prefix_windows, length_groups, objective_loss
+from study.train.objectives import (
+    NegativeSampler,
+    computed_positions,
+    history_prefix_windows,
+    length_groups,
+    objective_loss,
+)
 from study.train.padding import padding_columns, trim_padding
 from study.train.trainer import TrialData, run_trial
 
@@ -95,6 +101,31 @@ def test_each_objective_gives_the_same_loss_and_gradients_on_a_trimmed_batch(las
         torch.testing.assert_close(cut_grads[key], grad, atol=1e-6, rtol=1e-5, msg=key)
 
 
+@pytest.mark.parametrize("objective", ["causal", "bce", "sampled_ce"])
+def test_a_batch_of_mixed_lengths_runs_in_length_groups_with_the_whole_batch_loss_and_gradients(lastfm, objective):
+    """The 24 shortest and the 8 longest users in one batch: each group is trimmed to its own longest window, and
+    the loss and gradients are those of the untrimmed batch (LISA-Soft for bce: its auxiliary loss recombines)."""
+    name, hparams = PER_OBJECTIVE["bce" if objective == "bce" else "causal"]
+    by_length = np.argsort((lastfm.train > 0).sum(1), kind="stable")
+    batch = torch.as_tensor(lastfm.train[np.concatenate([by_length[:24], by_length[-8:]])], dtype=torch.long)
+    assert padding_columns(batch) == 0  # trimming the whole batch would save nothing
+    sampler = NegativeSampler(lastfm.num_items, 16) if objective == "sampled_ce" else None
+    results = {}
+    for trim in (False, True):
+        torch.manual_seed(0)
+        model = models.build(name, num_items=lastfm.num_items, max_len=MAX_LEN, hidden_size=16, **hparams)
+        widths = _widths_seen(model)
+        loss = objective_loss(objective, model, batch, mask_prob=0.3, generator=torch.Generator().manual_seed(1),
+                              sampler=sampler, trim=trim)
+        loss.backward()
+        results[trim] = loss.detach(), {key: p.grad.clone() for key, p in model.named_parameters()}, widths
+    (full_loss, full_grads, full_widths), (cut_loss, cut_grads, cut_widths) = results[False], results[True]
+    assert full_widths == [MAX_LEN] and len(cut_widths) > 1 and min(cut_widths) < MAX_LEN // 4
+    torch.testing.assert_close(cut_loss, full_loss, atol=1e-6, rtol=1e-6)
+    for key, grad in full_grads.items():
+        torch.testing.assert_close(cut_grads[key], grad, atol=1e-6, rtol=1e-5, msg=key)
+
+
 def test_evaluation_on_trimmed_batches_gives_the_same_metrics(lastfm):
     torch.manual_seed(0)
     model = models.build("sasrec", num_items=lastfm.num_items, max_len=MAX_LEN, hidden_size=16)
@@ -147,7 +178,7 @@ def test_cost_line_says_what_trimming_leaves():
     assert "computed after trimming" not in untrimmed and "max_len 200 vs a median length of 19" in untrimmed
 
 
-def test_last_groups_prefixes_by_length_and_counts_what_it_computes():
+def test_length_groups_split_a_batch_by_length_and_count_what_it_computes():
     windows = np.zeros((8, 11), dtype=np.int64)
     for row, length in enumerate([1, 10, 2, 9, 3, 8, 4, 7]):
         windows[row, -(length + 1):] = np.arange(1, length + 2)
@@ -155,7 +186,9 @@ def test_last_groups_prefixes_by_length_and_counts_what_it_computes():
     groups = length_groups(lengths, groups=4)
     assert [sorted(lengths[rows].tolist()) for rows in groups] == [[1, 2], [3, 4], [7, 8], [9, 10]]
     assert computed_positions("last", windows, trim=True) == 2 * (2 + 4 + 8 + 10)
-    assert computed_positions("causal", windows, trim=True) == 8 * 10
+    for objective in ("causal", "bce", "sampled_ce"):  # every objective but cloze groups its windows
+        assert computed_positions(objective, windows, trim=True) == 2 * (2 + 4 + 8 + 10)
+    assert computed_positions("causal", windows, trim=False) == 8 * 10
     assert computed_positions("last", windows, trim=False) == 8 * 10
     two_widths = torch.as_tensor([5, 1, 5, 1, 5, 1, 5, 1])  # four parts but two widths: two forward passes
     assert [two_widths[rows].tolist() for rows in length_groups(two_widths, groups=4)] == [[1] * 4, [5] * 4]
