@@ -9,7 +9,7 @@ the prepared training windows (one left-padded window per user, batch 128, as th
 RecGRELA's causal form).
 - ``full``: ``trim_padding=False``, every batch at ``max_len`` columns;
 - ``trimmed``: the default, ``trim_padding=True``: each batch's all-padding columns dropped and its windows run in
-  length groups (``study.train.objectives.LENGTH_GROUPS``), each group as wide as its longest window.
+  length groups (``study.train.padding.LENGTH_GROUPS``), each group as wide as its longest window.
 
 One warm-up round, then ``--rounds`` rounds in which each row times ``--steps`` steps in turn (so a change of load
 hits both); the table gives the medians, the input positions each row computes per step, and the share of them

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from models import SeqRecModel
 from study.train.config import METRIC_KS
-from study.train.padding import trim_padding
+from study.train.padding import last_hidden_by_length, trim_padding
 
 METRIC_NAMES = ("hr", "ndcg", "mrr")
 
@@ -117,7 +118,8 @@ def evaluate(model: torch.nn.Module, split: EvalSplit, *, batch_size: int = 256,
     """Rank each user's target with ``model``; full ranking unless ``negatives`` (U, n) are given.
 
     Non-finite target scores rank last; with ``strict`` they raise :class:`NonFiniteScores` instead. ``trim``
-    drops each batch's all-padding leading columns before the model reads it (:mod:`study.train.padding`).
+    drops each batch's all-padding leading columns before the model reads it, and runs a zoo model's batch in
+    length groups (:mod:`study.train.padding`).
     """
     was_training = model.training
     model.eval()
@@ -132,7 +134,10 @@ def evaluate(model: torch.nn.Module, split: EvalSplit, *, batch_size: int = 256,
         # split rows are users 0..U-1 in order (study.data), so a row number is the user id models may ask for;
         # any module with ``last_hidden`` and ``item_weights`` can be evaluated, so needs_users is read softly
         users = {"users": torch.as_tensor(rows, device=device)} if getattr(model, "needs_users", False) else {}
-        hidden = model.last_hidden(inputs, **users)
+        if trim and isinstance(model, SeqRecModel):
+            hidden = last_hidden_by_length(model, inputs, users.get("users"))
+        else:
+            hidden = model.last_hidden(inputs, **users)
         if negatives is None:
             scores = hidden @ weights.T
             scores[:, 0] = float("-inf")

@@ -14,15 +14,15 @@ A window's last column is the newest item. The objectives read it differently:
 With ``trim`` (``TrainStep`` passes ``TrainConfig.trim_padding``, on by default) the columns that are padding
 in every window of the batch are dropped before the model runs (:mod:`study.train.padding`); the target column
 always stays, and the cloze mask is drawn over the full width first, so the random draws are the untrimmed ones.
-Every objective but ``cloze`` also groups the batch's windows by length (:func:`hidden_by_length`,
-:func:`last_hidden_by_length`): the batch, hence the sampling, is unchanged; only the forward pass runs in
-``LENGTH_GROUPS`` narrower pieces. A dropout mask drawn per piece is a different draw from the same distribution,
-so grouped and ungrouped runs are twins only without dropout.
+Every objective but ``cloze`` also groups the batch's windows by length (``hidden_by_length`` and
+``last_hidden_by_length`` in :mod:`study.train.padding`): the batch, hence the sampling, is unchanged; only the
+forward pass runs in ``LENGTH_GROUPS`` narrower pieces. A dropout mask drawn per piece is a different draw from
+the same distribution, so grouped and ungrouped runs are twins only without dropout.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from models import ConfigError, SeqRecModel
-from study.train.padding import padding_columns, trim_padding
+from study.train.padding import hidden_by_length, last_hidden_by_length, length_groups, padding_columns, trim_padding
 
 # objectives that score every position of a window, so they need a causal model
 CAUSAL_OBJECTIVES = ("causal", "sampled_ce")
@@ -77,71 +77,6 @@ def last_loss(model: SeqRecModel, windows: torch.Tensor, users: torch.Tensor | N
     hidden = (last_hidden_by_length(model, inputs, users) if trim
               else model.last_hidden(inputs, **model.user_inputs(users)))
     return _full_softmax_ce(hidden, windows[:, -1], model.item_weights())
-
-
-# One long history makes a shuffled batch wide: at max_len 50, 87% of a Beauty batch's input positions are padding
-# and trimming alone saves none of them; four groups leave 59%. `last` at max_len 200 on LastFM: trimming alone
-# saves 3% of the positions, four groups 58%.
-LENGTH_GROUPS = 4
-
-
-def length_groups(lengths: torch.Tensor, groups: int = LENGTH_GROUPS) -> list[torch.Tensor]:
-    """Row indices of a batch, by real length, in at most ``groups`` nearly equal parts (shortest first).
-
-    Neighbouring parts with the same longest prefix are merged, as splitting them would save nothing: a batch
-    without padding (the scaling study's) stays one part, computed as one forward pass.
-    """
-    lengths = lengths.cpu()
-    merged: list[torch.Tensor] = []
-    for rows in torch.argsort(lengths, stable=True).tensor_split(groups):
-        if len(rows) and merged and lengths[rows].max() == lengths[merged[-1]].max():
-            merged[-1] = torch.cat([merged[-1], rows])
-        elif len(rows):
-            merged.append(rows)
-    return merged
-
-
-def _run_by_length(model: SeqRecModel, inputs: torch.Tensor, users: torch.Tensor | None,
-                   run: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]) -> torch.Tensor:
-    """``run(rows, their users)`` on each length group of ``inputs``, trimmed to the group's longest prefix; the
-    outputs come back in the batch's order.
-
-    No model mixes rows, so each row's output is the one of the whole batch (up to float rounding). An auxiliary
-    loss (LISA-Soft's) is a mean over real input positions, so the groups' terms are recombined weighted by their
-    numbers of real positions.
-    """
-    real = inputs > 0
-    groups = length_groups(real.sum(1))
-    if len(groups) == 1:
-        return run(trim_padding(inputs), users)
-    parts, order, aux_terms = [], [], []
-    for rows in groups:
-        parts.append(run(trim_padding(inputs[rows]), None if users is None else users[rows]))
-        order.append(rows)
-        aux = model.aux_loss()
-        if aux is not None:
-            aux_terms.append(aux * real[rows].sum())
-    if aux_terms:
-        model.record_aux_loss(torch.stack(aux_terms).sum() / real.sum().clamp(min=1))
-    return torch.cat(parts)[torch.argsort(torch.cat(order))]
-
-
-def last_hidden_by_length(model: SeqRecModel, inputs: torch.Tensor,
-                          users: torch.Tensor | None = None) -> torch.Tensor:
-    """``model.last_hidden(inputs)`` computed in length groups (:func:`_run_by_length`)."""
-    return _run_by_length(model, inputs, users, lambda rows, u: model.last_hidden(rows, **model.user_inputs(u)))
-
-
-def hidden_by_length(model: SeqRecModel, inputs: torch.Tensor, users: torch.Tensor | None = None) -> torch.Tensor:
-    """``model(inputs)`` (B, L, d) computed in length groups (:func:`_run_by_length`). The columns a group drops
-    come back as zeros: they hold no input item, so no objective scores them."""
-    width = inputs.shape[1]
-
-    def run(rows: torch.Tensor, group_users: torch.Tensor | None) -> torch.Tensor:
-        hidden = model(rows, **model.user_inputs(group_users))
-        return F.pad(hidden, (0, 0, width - rows.shape[1], 0))
-
-    return _run_by_length(model, inputs, users, run)
 
 
 def cloze_samples_per_window(config: Any) -> int:

@@ -15,14 +15,8 @@ import torch
 import models
 from study.train.cost import EpochCost
 from study.train.metrics import EvalSplit, evaluate
-from study.train.objectives import (
-    NegativeSampler,
-    computed_positions,
-    history_prefix_windows,
-    length_groups,
-    objective_loss,
-)
-from study.train.padding import padding_columns, trim_padding
+from study.train.objectives import NegativeSampler, computed_positions, history_prefix_windows, objective_loss
+from study.train.padding import length_groups, padding_columns, trim_padding
 from study.train.trainer import TrialData, run_trial
 
 MAX_LEN = 50
@@ -140,6 +134,21 @@ def test_evaluation_on_trimmed_batches_gives_the_same_metrics(lastfm):
     assert set(full_widths) == {MAX_LEN} and min(widths) < MAX_LEN // 2
     assert trimmed == pytest.approx(full, abs=1e-9)
     assert full["ndcg@10"] > 0
+
+
+def test_evaluation_runs_batches_of_mixed_lengths_in_groups_with_the_same_metrics(lastfm):
+    """Users in shuffled order, so every batch holds long windows: only the length groups can compute less."""
+    torch.manual_seed(0)
+    model = models.build("sasrec", num_items=lastfm.num_items, max_len=MAX_LEN, hidden_size=16)
+    widths = _widths_seen(model)
+    order = np.random.default_rng(0).permutation(len(lastfm.test.targets))
+    test = EvalSplit(lastfm.test.inputs[order], lastfm.test.targets[order], lastfm.test.history_items,
+                     lastfm.test.history_starts[order], lastfm.test.history_lengths[order])
+    full = evaluate(model, test, batch_size=64, device=torch.device("cpu"), mask_history=True, trim=False)
+    widths[:] = []
+    grouped = evaluate(model, test, batch_size=64, device=torch.device("cpu"), mask_history=True, trim=True)
+    assert min(widths) < MAX_LEN // 2 and len(widths) > len(range(0, len(order), 64))
+    assert grouped == pytest.approx(full, abs=1e-9)
 
 
 @pytest.mark.parametrize("objective", ["causal", "last", "cloze"])
