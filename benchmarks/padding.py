@@ -13,7 +13,10 @@ RecGRELA's causal form).
 
 One warm-up round, then ``--rounds`` rounds in which each row times ``--steps`` steps in turn (so a change of load
 hits both); the table gives the medians, the input positions each row computes per step, and the share of them
-that hold an item. Run it from two checkouts to compare code versions: the figures are per machine and load.
+that hold an item. Roofline columns: the matrix-product FLOPs of one step as torch's FLOP counter sees them
+(forward and backward, averaged over ``--steps`` batches), their rate over the median step, and that rate against
+a 2048³ fp32 matmul on the same threads (``benchmarks.speed.matmul_peak_gflops``, the larger of a measure before
+and after the rounds). Run it from two checkouts to compare code versions: the figures are per machine and load.
 """
 
 from __future__ import annotations
@@ -26,9 +29,13 @@ import time
 
 import numpy as np
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 import models
+from benchmarks.speed import matmul_peak_gflops
+from models import ConfigError
 from study.data import prepare
+from study.errors import UserError, print_error
 from study.train.config import parse_assignments, split_settings
 from study.train.objectives import computed_positions
 from study.train.step import TrainStep
@@ -52,6 +59,15 @@ def time_steps(step: TrainStep, batches: list[np.ndarray]) -> float:
     return statistics.median(times)
 
 
+def step_gflop(step: TrainStep, batches: list[np.ndarray]) -> float:
+    """Mean matrix-product GFLOP of one step (forward and backward) over ``batches``; the model's weights move
+    (each counted step is a real step), which changes no count."""
+    with FlopCounterMode(display=False) as counter:
+        for windows in batches:
+            step(torch.as_tensor(windows, dtype=torch.long))
+    return counter.get_total_flops() / len(batches) / 1e9
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", default="beauty", help="a data recipe: ml-100k, lastfm, beauty, ...")
@@ -67,10 +83,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a model or trainer field")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    data = TrialData.from_prepared(prepare(args.dataset, source=args.source, max_len=args.max_len, progress=False),
-                                   args.max_len)
+    try:
+        prepared = prepare(args.dataset, source=args.source, max_len=args.max_len, progress=False)
+        data = TrialData.from_prepared(prepared, args.max_len)
+        rows = {"full": make_step(data, args, trim=False), "trimmed": make_step(data, args, trim=True)}
+    except (ConfigError, UserError) as error:
+        return print_error(error)
     batches = [w for w, _ in user_batches(data.train, args.batch_size, np.random.default_rng(args.seed))]
-    rows = {"full": make_step(data, args, trim=False), "trimmed": make_step(data, args, trim=True)}
+    roof = matmul_peak_gflops(args.threads)
     times: dict[str, list[float]] = {label: [] for label in rows}
     print(f"{args.model} ({args.objective}) on {args.dataset}, max_len {args.max_len}, batch {args.batch_size}, "
           f"{args.threads} thread(s), load {os.getloadavg()[0]:.2f}", flush=True)
@@ -80,15 +100,19 @@ def main(argv: list[str] | None = None) -> int:
             seconds = time_steps(step, chosen)
             if round_index:  # round 0 warms up
                 times[label].append(seconds)
+    roof = max(roof, matmul_peak_gflops(args.threads))
     real = int(sum((b[:, :-1] > 0).sum() for b in batches))
-    print("| row | ms/step (median of rounds) | input positions/step | real items among them | speed-up |")
-    print("|---|---|---|---|---|")
+    print(f"roof: a 2048³ fp32 matmul on {args.threads} thread(s) runs at {roof:.1f} GFLOP/s")
+    print("| row | ms/step (median of rounds) | input positions/step | real items among them | speed-up | "
+          "GFLOP/step | GFLOP/s | % of roof |")
+    print("|---|---|---|---|---|---|---|---|")
     base = statistics.median(times["full"])
     for label, trim in (("full", False), ("trimmed", True)):
         positions = sum(computed_positions(args.objective, b, trim=trim) for b in batches)
         seconds = statistics.median(times[label])
+        gflop = step_gflop(rows[label], batches[:args.steps])
         print(f"| {label} | {1000 * seconds:.1f} | {positions / len(batches):,.0f} | {real / positions:.0%} | "
-              f"{base / seconds:.2f}× |")
+              f"{base / seconds:.2f}× | {gflop:.2f} | {gflop / seconds:.1f} | {100 * gflop / seconds / roof:.0f} |")
     print(f"load at the end {os.getloadavg()[0]:.2f}")
     return 0
 
