@@ -29,7 +29,6 @@ import time
 
 import numpy as np
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 import models
 from benchmarks.speed import matmul_peak_gflops
@@ -62,6 +61,8 @@ def time_steps(step: TrainStep, batches: list[np.ndarray]) -> float:
 def step_gflop(step: TrainStep, batches: list[np.ndarray]) -> float:
     """Mean matrix-product GFLOP of one step (forward and backward) over ``batches``; the model's weights move
     (each counted step is a real step), which changes no count."""
+    from torch.utils.flop_counter import FlopCounterMode  # imports triton: only when a benchmark counts
+
     with FlopCounterMode(display=False) as counter:
         for windows in batches:
             step(torch.as_tensor(windows, dtype=torch.long))

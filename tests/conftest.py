@@ -7,8 +7,17 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
+
+# Without CUDA the Triton kernels are tested in Triton's interpreter (tests/kernels/conftest.py). triton.jit reads
+# the switch when a module defining kernels is imported, and importing triton's own language module decorates its
+# helpers too, so it is set here, before pytest imports any test module: a test folder collected before
+# tests/kernels that imports triton (torch's FLOP counter does) would otherwise fix it to compiled mode and every
+# interpreted kernel would fail. An explicit TRITON_INTERPRET in the environment wins.
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
 SHARED_DATASETS = REPO.parent / "shared" / "datasets"
 
 

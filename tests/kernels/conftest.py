@@ -1,7 +1,8 @@
 """Kernel tests run the Triton kernels on CPU through the Triton interpreter when no CUDA GPU is present.
 
 ``triton.jit`` picks compiled or interpreted kernels when a kernel module is imported, so the switch has to be
-made before anything imports triton: pytest imports this conftest before the test modules of this folder.
+made before anything imports triton (torch's FLOP counter does, for one): ``tests/conftest.py`` makes it, before
+pytest imports any test module.
 On a GPU machine the kernels are compiled as usual, and a test that takes the ``backend`` or ``triton_backend``
 fixture creates its tensors on the GPU (the fixture makes CUDA torch's default device for the test), so the
 compiled kernels are tested against the reference on the same device. An explicit ``TRITON_INTERPRET`` in the
@@ -18,10 +19,6 @@ import torch
 
 import kernels
 
-# If triton was already imported by an earlier test folder, flipping the variable has no effect; the kernels then
-# refuse CPU tensors with a RuntimeError that names TRITON_INTERPRET (kernels._triton_utils.ensure_launchable).
-if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
 # On a GPU, test the first autotuning config of each kernel: autotuning every test shape costs ~10 s a test.
 # SEQREC_TRITON_AUTOTUNE=1 pytest tests/kernels tests every config the benchmarks may pick (slow).
 os.environ.setdefault("SEQREC_TRITON_AUTOTUNE", "0")
