@@ -64,6 +64,19 @@ def _widths_seen(model: models.SeqRecModel) -> list[int]:
     return widths
 
 
+def _loss_grads_widths(objective: str, name: str, hparams: dict, num_items: int, batch: torch.Tensor, trim: bool,
+                       sampler: NegativeSampler | None = None) -> tuple[torch.Tensor, dict, list[int]]:
+    """One objective's loss, its parameter gradients and the widths the model saw, from a fresh seeded model."""
+    torch.manual_seed(0)
+    model = models.build(name, num_items=num_items, max_len=MAX_LEN, hidden_size=16, **hparams)
+    widths = _widths_seen(model)
+    loss = objective_loss(objective, model, batch, mask_prob=0.3, generator=torch.Generator().manual_seed(1),
+                          sampler=sampler, trim=trim)
+    loss.backward()
+    grads = {key: p.grad.clone() for key, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), grads, widths
+
+
 @pytest.mark.parametrize("case", LOSS_CASES)
 def test_each_objective_gives_the_same_loss_and_gradients_on_a_trimmed_batch(lastfm, case):
     objective = case.split("-")[0]
@@ -76,16 +89,8 @@ def test_each_objective_gives_the_same_loss_and_gradients_on_a_trimmed_batch(las
                                               np.random.default_rng(0)))
     batch = torch.as_tensor(windows, dtype=torch.long)
     assert padding_columns(batch) > MAX_LEN // 2
-    results = {}
-    for trim in (False, True):
-        torch.manual_seed(0)
-        model = models.build(name, num_items=lastfm.num_items, max_len=MAX_LEN, hidden_size=16, **hparams)
-        widths = _widths_seen(model)
-        loss = objective_loss(objective, model, batch, mask_prob=0.3, generator=torch.Generator().manual_seed(1),
-                              trim=trim)
-        loss.backward()
-        results[trim] = loss.detach(), {key: p.grad.clone() for key, p in model.named_parameters()
-                                        if p.grad is not None}, widths
+    results = {trim: _loss_grads_widths(objective, name, hparams, lastfm.num_items, batch, trim)
+               for trim in (False, True)}
     (full_loss, full_grads, full_widths), (cut_loss, cut_grads, cut_widths) = results[False], results[True]
     assert max(full_widths) >= MAX_LEN and max(cut_widths) < MAX_LEN // 2  # the trimmed run computed less
     assert torch.isfinite(full_loss) and full_loss > 0
@@ -104,15 +109,8 @@ def test_a_batch_of_mixed_lengths_runs_in_length_groups_with_the_whole_batch_los
     batch = torch.as_tensor(lastfm.train[np.concatenate([by_length[:24], by_length[-8:]])], dtype=torch.long)
     assert padding_columns(batch) == 0  # trimming the whole batch would save nothing
     sampler = NegativeSampler(lastfm.num_items, 16) if objective == "sampled_ce" else None
-    results = {}
-    for trim in (False, True):
-        torch.manual_seed(0)
-        model = models.build(name, num_items=lastfm.num_items, max_len=MAX_LEN, hidden_size=16, **hparams)
-        widths = _widths_seen(model)
-        loss = objective_loss(objective, model, batch, mask_prob=0.3, generator=torch.Generator().manual_seed(1),
-                              sampler=sampler, trim=trim)
-        loss.backward()
-        results[trim] = loss.detach(), {key: p.grad.clone() for key, p in model.named_parameters()}, widths
+    results = {trim: _loss_grads_widths(objective, name, hparams, lastfm.num_items, batch, trim, sampler)
+               for trim in (False, True)}
     (full_loss, full_grads, full_widths), (cut_loss, cut_grads, cut_widths) = results[False], results[True]
     assert full_widths == [MAX_LEN] and len(cut_widths) > 1 and min(cut_widths) < MAX_LEN // 4
     torch.testing.assert_close(cut_loss, full_loss, atol=1e-6, rtol=1e-6)
