@@ -1,21 +1,27 @@
 #!/usr/bin/env bash
 # The checks and figures that need a CUDA GPU, in one go. CI has no GPU, so run this by hand on one:
 #
-#     bash benchmarks/gpu_checks.sh ML100K_DIR [--pmixer PATH] [--out DIR] [--part tests|speed|all]
+#     bash benchmarks/gpu_checks.sh ML100K_DIR [--pmixer PATH] [--beauty PATH/Beauty.txt] [--out DIR]
+#         [--part tests|speed|all]
 #
 # tests: the Triton kernels compiled (outputs and gradients against the torch references), every zoo model
 #        training under fp32/bf16/fp16 on CUDA, and the kernel micro-benchmark;
 # speed: the SASRec epoch (ours, plain, pmixer's when given, bf16, compiled) and the time to quality, LISA
-#        against SASRec over the window length, and profiles of one ELASTIC and one LISA step, all on the GPU.
+#        against SASRec over the window length, profiles of one ELASTIC and one LISA step, and the training step
+#        of SASRec and RecGRELA with and without padding (on Beauty when given, whose windows are mostly padding;
+#        else on ml-100k), all on the GPU.
 # Each step's output is kept in OUT/<step>.log (default gpu-checks/); a failing step does not stop the others,
 # and the exit status counts the failed steps.
 set -u
-ml100k=${1:?usage: bash benchmarks/gpu_checks.sh ML100K_DIR [--pmixer PATH] [--out DIR] [--part tests|speed|all]}
+usage="usage: bash benchmarks/gpu_checks.sh ML100K_DIR [--pmixer PATH] [--beauty PATH] [--out DIR]"
+usage+=" [--part tests|speed|all]"
+ml100k=${1:?$usage}
 shift
-pmixer="" out="gpu-checks" part="all"
+pmixer="" beauty="" out="gpu-checks" part="all"
 while [ $# -gt 0 ]; do
   case $1 in
     --pmixer) pmixer=$2; shift 2 ;;
+    --beauty) beauty=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --part) part=$2; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
@@ -56,6 +62,10 @@ if [ "$part" != tests ]; then
   # where a step's time goes on the GPU: kernels launched against the time they keep it busy
   TAIL=40 step profile-elastic python -m benchmarks.step_profile elastic --device cuda
   TAIL=40 step profile-lisa python -m benchmarks.step_profile lisa --device cuda --length 256 --items 3700
+  padding_data=(--dataset ml-100k --source "$ml100k")
+  [ -n "$beauty" ] && padding_data=(--dataset beauty --source "$beauty")
+  TAIL=8 step padding-sasrec python -m benchmarks.padding "${padding_data[@]}" --model sasrec --device cuda
+  TAIL=8 step padding-recgrela python -m benchmarks.padding "${padding_data[@]}" --model recgrela --device cuda
 fi
 echo "failed steps: $failed"
 exit $failed

@@ -6,8 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks import padding
+from study.errors import EXIT_USER_ERROR
 
 
 def test_trimmed_row_computes_fewer_positions_and_more_of_them_are_items(
@@ -28,3 +30,11 @@ def test_trimmed_row_computes_fewer_positions_and_more_of_them_are_items(
     assert trimmed["positions"] < 0.7 * full["positions"] and trimmed["real"] > full["real"]
     assert full["ms"] > 0 and trimmed["ms"] > 0
     assert 0 < trimmed["gflop"] < full["gflop"]  # the counted matrix products shrink with the positions
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a machine without CUDA")
+def test_cuda_without_a_gpu_is_a_user_error_before_any_data_is_read(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "no-such-file.txt"  # never opened: the device is checked first
+    assert padding.main(["--dataset", "lastfm", "--source", str(missing), "--device", "cuda"]) == EXIT_USER_ERROR
+    assert "CUDA is not available" in capsys.readouterr().err
