@@ -62,6 +62,14 @@ def test_the_ce_study_must_beat_the_row_and_each_dataset_uses_its_own_row() -> N
     assert published_lines("ml-100k", {"sasrec-s3rec-ce": between}) == []  # no published row for ml-100k
 
 
+def test_a_diagnostic_study_is_set_against_the_row_without_a_verdict() -> None:
+    row = next(r for r in PUBLISHED if r.kind == "diagnostic")
+    for ratio in (0.5, 0.99, 1.2):  # far below, within 5 %, above: never a verdict
+        [line] = published_lines(row.dataset, {row.study: seeds([row.ndcg10 * ratio] * 3)})
+        assert line.startswith(f"- diagnostic, no verdict: {row.study} ({row.change})"), line
+        assert "holds" not in line and f"ratio {ratio:.3f}" in line
+
+
 def test_ratio_claims_hold_above_their_bound_and_better_claims_need_a_significant_gain() -> None:
     sasrec = seeds([0.050, 0.052, 0.054, 0.051, 0.053])
     bert_above = seeds([0.91 * v for v in sasrec["test_ndcg@10"]])
