@@ -309,8 +309,8 @@ def claim_lines(values: dict[str, pd.DataFrame], claims: tuple[Claim, ...]) -> l
                 text += f", ratio {ratio:.3f}"
             elif claim.kind == "within":
                 verdicts.append(abs(diff) <= claim.bound)
-            if not math.isnan(r["p"]):
-                text += f", paired t {p_text(r['p'])}"
+            if not math.isnan(r["p"]):  # studies with different seeds are not paired: Welch's test, over all runs
+                text += f", {'paired' if r['test'] == 'paired-t' else 'Welch'} t {p_text(r['p'])}"
             if claim.kind == "better":
                 p_holm = next(adjusted)
                 verdicts.append(diff > 0 and p_holm < 0.05)
@@ -318,7 +318,9 @@ def claim_lines(values: dict[str, pd.DataFrame], claims: tuple[Claim, ...]) -> l
                     text += f", Holm {p_text(p_holm)}"
                 if diff > 0 and not p_holm < 0.05:
                     text += "; the sign agrees but the test does not separate them"
-            parts.append(text + f", n = {r['n_pairs'] or min(r['n_candidate'], r['n_reference'])})")
+            runs = r["n_pairs"] or (r["n_candidate"] if r["n_candidate"] == r["n_reference"]
+                                     else f"{r['n_candidate']} and {r['n_reference']}")
+            parts.append(text + f", n = {runs})")
         verdict = "**holds**" if all(verdicts) else "**does not hold**"
         lines.append(f"- {verdict}: {claim.text} ({claim.source}). Ours: {'; '.join(parts)}.")
     return lines

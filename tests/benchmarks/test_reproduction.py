@@ -87,6 +87,8 @@ def test_ratio_claims_hold_above_their_bound_and_better_claims_need_a_significan
     assert line.startswith("- **holds**"), line
     [line] = claim_lines({"sasrec": sasrec, "hstu": noisy}, better_claim)
     assert line.startswith("- **does not hold**") and "the test does not separate them" in line
+    [line] = claim_lines({"sasrec": sasrec, "hstu": seeds(list(clearly_better["test_ndcg@10"])[:3])}, better_claim)
+    assert "Welch t" in line and "paired" not in line and "n = 3 and 5" in line  # a study not yet at every seed
 
 
 def test_every_published_study_has_a_study_file_and_can_be_chosen() -> None:
