@@ -50,6 +50,7 @@ import json
 import math
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -70,6 +71,7 @@ from study.analysis.runs import (
 )
 from study.analysis.significance import compare, holm
 from study.analysis.tables import fmt, fmt_p
+from study.cli import EXIT_INTERRUPTED
 from study.data import prepare
 from study.errors import UserError
 from study.search.recorder import PARTIAL_HISTORY_SUFFIX
@@ -222,16 +224,31 @@ def run_study(dataset: str, study: str, args: argparse.Namespace) -> Path | None
         command.append("--resume")
     print(f"{folder.name}: running ({' '.join(command[2:4])} …)", flush=True)
     sweep = subprocess.Popen(command, cwd=REPO)
-    while True:  # a study runs for hours: say where it stands every few minutes
-        try:
-            sweep.wait(timeout=args.progress_every)
-            break
-        except subprocess.TimeoutExpired:
-            print(progress_line(folder, seeds), flush=True)
+    try:
+        while True:  # a study runs for hours: say where it stands every few minutes
+            try:
+                sweep.wait(timeout=args.progress_every)
+                break
+            except subprocess.TimeoutExpired:
+                print(progress_line(folder, seeds), flush=True)
+    except KeyboardInterrupt:
+        stop_sweep(sweep)
+        raise
     if sweep.returncode != 0:
         print(f"{folder.name}: the sweep failed; rerun to resume it", file=sys.stderr)
         return None
     return folder
+
+
+def stop_sweep(sweep: subprocess.Popen, grace_s: float = 60.0) -> None:
+    """After Ctrl-C: wait for the sweep to save Tune's state and stop. Ctrl-C in a terminal reaches it too (one
+    process group); a SIGINT sent to this process alone is passed on once the grace period has passed (not at once:
+    a second SIGINT would make Tune skip its last save)."""
+    try:
+        sweep.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        sweep.send_signal(signal.SIGINT)
+        sweep.wait()
 
 
 def best_efficient(args: argparse.Namespace) -> list[str]:
@@ -444,7 +461,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        return run(build_parser().parse_args(argv))
+    except KeyboardInterrupt:
+        print("interrupted; rerun the same command to continue: finished studies are kept and an unfinished one "
+              "resumes from Tune's state (--report-only reports what has finished)", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the studies that ``args`` asks for, then write the report; returns the exit code."""
     args.out = str(REPO / (args.out or ("results/repro-quick.md" if args.quick else "docs/reproduction.md")))
     missing = [s for s in args.studies if not (STUDY_DIR / f"{s}.yaml").is_file()]
     if missing:

@@ -243,3 +243,36 @@ def test_the_report_prepares_a_given_dataset_where_study_report_reads_its_statis
     assert (meta["num_users"], meta["num_items"], meta["max_len"]) == (6, 48, 50)
     prepare_for_report("lastfm", str(tmp_path / "missing.txt"))  # a wrong path costs the statistics, not the report
     assert "statistics are left out" in capsys.readouterr().err
+
+
+def test_ctrl_c_waits_for_the_sweep_and_ends_with_one_line(tmp_path, monkeypatch, capsys) -> None:
+    import benchmarks.reproduction as reproduction
+
+    class InterruptedSweep:
+        """A sweep during which the user presses Ctrl-C; it stops on its own (it got the SIGINT too)."""
+
+        def __init__(self, *args, **kwargs) -> None:
+            self.waits, self.signals = [], []
+
+        def wait(self, timeout: float | None = None) -> int:
+            self.waits.append(timeout)
+            if len(self.waits) == 1:
+                raise KeyboardInterrupt
+            return 130
+
+        def send_signal(self, number: int) -> None:
+            self.signals.append(number)
+
+    sweeps: list[InterruptedSweep] = []
+
+    def start(*args, **kwargs) -> InterruptedSweep:
+        sweeps.append(InterruptedSweep())
+        return sweeps[-1]
+
+    monkeypatch.setattr(reproduction, "RESULTS", tmp_path)
+    monkeypatch.setattr(reproduction.subprocess, "Popen", start)
+    assert main(["--datasets", "ml-100k", "--studies", "sasrec", "--quick"]) == 130
+    [sweep] = sweeps
+    assert len(sweep.waits) == 2 and sweep.signals == []  # waited for it to stop; no second SIGINT
+    err = capsys.readouterr().err
+    assert err.startswith("interrupted; rerun the same command") and "Traceback" not in err
