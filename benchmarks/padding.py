@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 import models
-from benchmarks.speed import matmul_peak_gflops
+from benchmarks.speed import matmul_peak_gflops, roof_matmul_size
 from models import ConfigError
 from study.data import prepare
 from study.errors import UserError, print_error
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                 times[label].append(seconds)
     roof = max(roof, matmul_peak_gflops(args.threads, args.device))
     real = int(sum((b[:, :-1] > 0).sum() for b in batches))
-    size = 8192 if args.device.type == "cuda" else 2048
+    size = roof_matmul_size(args.device)
     print(f"roof: a {size}³ fp32 matmul on {where} runs at {roof:.1f} GFLOP/s")
     print("| row | ms/step (median of rounds) | input positions/step | real items among them | speed-up | "
           "GFLOP/step | GFLOP/s | % of roof |")

@@ -99,12 +99,17 @@ def step_gflop(shape: Shape, batch: np.ndarray) -> float:
     return 3 * forward / 1e9
 
 
+def roof_matmul_size(device: torch.device) -> int:
+    """The side of the square matmul that measures a device's compute roof (large enough to saturate it)."""
+    return 8192 if device.type == "cuda" else 2048
+
+
 def matmul_peak_gflops(threads: int, device: torch.device = CPU, dtype: torch.dtype = torch.float32,
                        repeats: int = 5) -> float:
     """GFLOP/s of a large square matmul: on a CPU fp32 on ``threads`` threads (2048³, the compute roof of this
     machine's share), on a GPU 8192³ in ``dtype`` (fp32 without TF32, as the eager fp32 step computes)."""
     torch.set_num_threads(threads)
-    size = 8192 if device.type == "cuda" else 2048
+    size = roof_matmul_size(device)
     a, b = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
     a @ b
     times = []
