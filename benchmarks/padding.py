@@ -8,8 +8,9 @@ the prepared training windows (one left-padded window per user, batch 128, as th
 ``causal``, ``bce`` and ``sampled_ce``); ``--set`` takes model and trainer fields (``causal=true`` for
 RecGRELA's causal form).
 - ``full``: ``trim_padding=False``, every batch at ``max_len`` columns;
-- ``trimmed``: the default, ``trim_padding=True``: each batch's all-padding columns dropped and its windows run in
-  length groups (``study.train.padding.LENGTH_GROUPS``), each group as wide as its longest window.
+- ``trimmed``: ``trim_padding=True`` (the default on a CPU; on CUDA the default is ``full``, which this
+  benchmark measured faster there): each batch's all-padding columns dropped and its windows run in length groups
+  (``study.train.padding.LENGTH_GROUPS``), each group as wide as its longest window.
 
 One warm-up round, then ``--rounds`` rounds in which each row times ``--steps`` steps in turn (so a change of load
 hits both); the table gives the medians, the input positions each row computes per step, and the share of them

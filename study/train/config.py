@@ -22,6 +22,7 @@ METRIC_KS = (5, 10, 20)
 SELECTION_METRIC = "ndcg@10"  # the default validation metric that picks the best epoch
 SELECTABLE_METRICS = tuple(f"{name}@{k}" for name in ("hr", "ndcg", "mrr") for k in METRIC_KS)
 PRECISIONS = ("fp32", "bf16", "fp16")
+AUTO_VALUES = ("auto", "none", "null")  # what leaves an optional setting (default None) to the trainer
 
 
 @dataclass
@@ -61,9 +62,12 @@ class TrainConfig:
     # recorded and off by default.
     precision: str = "fp32"
     compile: bool = False
-    # drop the leading columns that are padding in every row of a batch (training, evaluation, latency): the same
-    # results at real items, less compute; False runs full max_len windows, for the equality test and debugging
-    trim_padding: bool = True
+    # drop the leading columns that are padding in every row of a batch and run its windows in length groups
+    # (training, evaluation, latency): the same results at real items, less compute. None (`auto`) trims on a CPU
+    # and not on CUDA, where a step at the zoo's sizes waits on kernel launches, not arithmetic, and the groups
+    # multiply the launches: `python -m benchmarks.padding --device cuda` measured SASRec's step 2.4x (Beauty,
+    # max_len 50) and 3.2x (ml-100k, max_len 200) slower trimmed on an H200. The row records what ran.
+    trim_padding: bool | None = None
 
     def constraint_errors(self) -> list[tuple[str, str]]:
         errors = []
@@ -99,6 +103,7 @@ class TrainConfig:
 
 
 TRAIN_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+AUTO_TRAIN_FIELDS = {name for name, f in TRAIN_FIELDS.items() if f.default is None}
 
 
 def field_type(field: dataclasses.Field, owner: type) -> type:
@@ -110,7 +115,10 @@ def field_type(field: dataclasses.Field, owner: type) -> type:
 
 
 def coerce(key: str, value: Any, target: type) -> Any:
-    """Convert a command-line string (or a YAML scalar) to the declared type of ``key``."""
+    """Convert a command-line string (or a YAML scalar) to the declared type of ``key``; a trainer setting whose
+    default is None (left to the trainer) also takes ``auto``."""
+    if key in AUTO_TRAIN_FIELDS and (value is None or str(value).strip().lower() in AUTO_VALUES):
+        return None
     if isinstance(value, str):
         text = value.strip()
         if target is bool:
@@ -118,7 +126,8 @@ def coerce(key: str, value: Any, target: type) -> Any:
                 return True
             if text.lower() in ("0", "false", "no", "off"):
                 return False
-            raise ConfigError([(key, f"expected a boolean, got {value!r}")])
+            expected = "a boolean or auto" if key in AUTO_TRAIN_FIELDS else "a boolean"
+            raise ConfigError([(key, f"expected {expected}, got {value!r}")])
         try:
             if target is int:
                 number = float(text)  # accepts "1e3" and "2.0" for integer keys

@@ -11,7 +11,7 @@ A window's last column is the newest item. The objectives read it differently:
   ``train_negatives`` negatives drawn ``uniform``-ly or by ``popularity`` (gSASRec/eSASRec, Petrov & Macdonald).
   See :func:`sampled_softmax_ce` for the choices.
 
-With ``trim`` (``TrainStep`` passes ``TrainConfig.trim_padding``, on by default) the columns that are padding
+With ``trim`` (``TrainStep`` passes ``TrainConfig.trim_padding``, by default on a CPU) the columns that are padding
 in every window of the batch are dropped before the model runs (:mod:`study.train.padding`); the target column
 always stays, and the cloze mask is drawn over the full width first, so the random draws are the untrimmed ones.
 Every objective but ``cloze`` also groups the batch's windows by length (``hidden_by_length`` and

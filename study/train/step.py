@@ -7,6 +7,7 @@ The trainer's loop, the peak-memory probe (:mod:`study.train.efficiency`) and th
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import numpy as np
 import torch
@@ -15,6 +16,7 @@ import models
 from models import SeqRecModel
 from study.train.config import PRECISIONS, TrainConfig
 from study.train.objectives import NegativeSampler, objective_loss, resolve_objective
+from study.train.padding import trims_padding
 
 
 class NonFiniteLoss(FloatingPointError):
@@ -42,7 +44,8 @@ class TrainStep:
         if train.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {train.precision!r}")
         self.model = model
-        self.train = train
+        self.train = dataclasses.replace(train, trim_padding=trims_padding(train.trim_padding,
+                                                                          next(model.parameters()).device))
         self.objective = resolve_objective(model, train.objective)
         self.optimizer = torch.optim.Adam(model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
         # the cloze mask and the negatives draw from their own generator, so batches do not shift the model's RNG

@@ -17,7 +17,7 @@ import random
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +38,7 @@ from study.train.config import (
 from study.train.cost import EpochCost, estimate_epoch
 from study.train.metrics import EvalSplit, NonFiniteScores, evaluate, popularity_metrics, sample_negatives
 from study.train.objectives import history_prefix_windows, resolve_objective
+from study.train.padding import trims_padding
 from study.train.results import make_result, to_json_line
 from study.train.state import TrainingState, capture_rng, model_identity, restore_rng
 from study.train.step import NonFiniteLoss, TrainStep
@@ -204,6 +205,7 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
     if train_cfg.num_threads:
         torch.set_num_threads(train_cfg.num_threads)
     device = resolve_device(train_cfg.device)
+    train_cfg = replace(train_cfg, trim_padding=trims_padding(train_cfg.trim_padding, device))
     seed_everything(train_cfg.seed)
 
     model = models.build(model_name, **model_hparams).to(device)

@@ -13,10 +13,13 @@ import pytest
 import torch
 
 import models
+from models import ConfigError
+from study.train.config import TrainConfig, split_settings
 from study.train.cost import EpochCost
 from study.train.metrics import EvalSplit, evaluate
 from study.train.objectives import NegativeSampler, computed_positions, history_prefix_windows, objective_loss
-from study.train.padding import length_groups, padding_columns, trim_padding
+from study.train.padding import length_groups, padding_columns, trim_padding, trims_padding
+from study.train.step import TrainStep
 from study.train.trainer import TrialData, run_trial
 
 MAX_LEN = 50
@@ -200,3 +203,24 @@ def test_length_groups_split_a_batch_by_length_and_count_what_it_computes():
     two_widths = torch.as_tensor([5, 1, 5, 1, 5, 1, 5, 1])  # four parts but two widths: two forward passes
     assert [two_widths[rows].tolist() for rows in length_groups(two_widths, groups=4)] == [[1] * 4, [5] * 4]
     assert len(length_groups(torch.full((8,), 5), groups=4)) == 1  # no padding: the batch stays whole
+
+
+def test_trimming_by_default_is_on_for_a_cpu_and_off_on_cuda_and_a_setting_wins():
+    """The default (None, `auto`) follows the device: CUDA steps at the zoo's sizes wait on kernel launches, which
+    the length groups multiply (config.py gives the measurement); an explicit setting is kept on either device."""
+    assert trims_padding(None, "cpu") is True and trims_padding(None, torch.device("cuda:1")) is False
+    assert trims_padding(True, "cuda") is True and trims_padding(False, "cpu") is False
+    for given, parsed in (("auto", None), ("AUTO", None), (None, None), ("false", False), ("true", True)):
+        assert split_settings("sasrec", {"trim_padding": given})[0].trim_padding is parsed
+    with pytest.raises(ConfigError, match="expected a boolean or auto, got 'maybe'"):
+        split_settings("sasrec", {"trim_padding": "maybe"})
+    with pytest.raises(ConfigError, match="expected a boolean, got 'auto'"):  # only an optional setting takes auto
+        split_settings("sasrec", {"mask_history": "auto"})
+    step = TrainStep(models.build("sasrec", num_items=20, max_len=8), TrainConfig())
+    assert step.train.trim_padding is True  # the step resolves it for its model's device
+
+
+def test_a_trial_records_the_trimming_that_ran(synthetic_lastfm_prepared):
+    settings = {"max_epochs": 1, "hidden_size": 8, "num_layers": 1, "measure_efficiency": False, "num_threads": 1}
+    row = run_trial("sasrec", synthetic_lastfm_prepared, settings)
+    assert row["status"] == "ok" and row["config"]["trim_padding"] is True  # auto, resolved on this CPU
