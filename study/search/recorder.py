@@ -26,6 +26,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from study.analysis.runs import RECORDS_DIR, table_paths
 from study.search.console import WIDTH, abbreviations, fit
 from study.storage import Mirror
 from study.train.config import TrainConfig, split_settings
+from study.train.padding import trims_padding
 from study.train.results import json_safe, protocol_of
 
 EPOCH_KEYS = ("epoch", "train_loss", "best_epoch", "epoch_time_s", "throughput", "wall_time_s")
@@ -178,6 +180,8 @@ def build_row(context: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]
     settings = {**context["base_settings"], **record.get("config", {})}
     try:
         train_cfg, hparams = split_settings(context["model"], settings)
+        if last.get("device"):  # what ran: the trainer resolves `auto` settings for its device
+            train_cfg = replace(train_cfg, trim_padding=trims_padding(train_cfg.trim_padding, last["device"]))
         config = {**context["model_defaults"], **hparams, **train_cfg.__dict__}
     except Exception:  # a trial can fail on its config; its row still records what was asked for
         train_cfg, config = TrainConfig(), dict(settings)

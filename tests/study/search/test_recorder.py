@@ -108,3 +108,15 @@ def test_a_trial_that_lost_its_process_is_recorded_again_and_a_replayed_failure_
     assert resumed["nan"] == records["nan"]
     trials = pd.read_parquet(tmp_path / "trials.parquet").set_index("trial_id")
     assert trials.loc["lost", "status"] == "ok" and trials.loc["nan", "error"] == errors["nan"]
+
+
+@pytest.mark.parametrize(("device", "trimmed"), [("cpu", True), ("cuda:0", False), (None, None)])
+def test_a_row_records_the_trimming_that_ran_on_its_device(device: str | None, trimmed: bool | None) -> None:
+    """`trim_padding` left to the trainer (auto) is recorded as the trainer resolved it for the trial's device; a
+    trial that never reported keeps what was asked for."""
+    context = {"study": "s", "model": "sasrec", "model_defaults": {}, "dataset_meta": {"name": "synthetic"},
+               "base_settings": {"max_epochs": 2}}
+    last = {"epoch": 1, "best_valid_ndcg@10": 0.1, **({"device": device} if device else {})}
+    row = recorder_module.build_row(context, {"trial_id": "t0", "status": "completed", "config": {},
+                                              "last_report": last})
+    assert row["config.trim_padding"] is trimmed
