@@ -1,12 +1,27 @@
-"""The published claims and table rows that ``python -m benchmarks.reproduction`` tests (docs/reproduction.md).
+"""What ``python -m benchmarks.reproduction`` compares (docs/reproduction.md): its studies, the published claims
+and the published table rows.
 
-Each claim names its source, the two reproduction studies it compares and how it is judged; each published row is
-a full-ranking result that a study reruns under the same protocol.
+Each study is a file of ``search_spaces/reproduction/``. Each claim names its source, the two studies it compares
+and how it is judged; each published row is a full-ranking result that a study reruns under the same protocol.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+MAIN_STUDIES = ("sasrec", "bert4rec", "gru4rec", "fpmc", "hstu", "linrec", "recgrela", "cotten4rec", "elastic",
+                "sasrec-1l1h", "lisa-base", "lisa-soft", "lisa-mini")
+# studies that each change one part of a model, shown in a table beside the full model's and its other variants
+# (BERT4Rec's "ablations" change its regularisation or its training budget, not its network)
+ABLATION_GROUPS = {"ELASTIC": ("elastic", "elastic-mean-query", "elastic-no-imr", "elastic-no-dispatcher"),
+                   # SASRec trained with ELASTIC's objective: ELASTIC's comparison with its architecture alone changed
+                   "SASRec": ("sasrec", "sasrec-last"),
+                   "LISA": ("lisa-base", "lisa-base-w16", "lisa-soft", "lisa-mini"),
+                   "BERT4Rec": ("bert4rec", "bert4rec-dropout05", "bert4rec-long")}
+ABLATIONS = tuple(study for group in ABLATION_GROUPS.values() for study in group if study not in MAIN_STUDIES)
+EFFICIENT = ("linrec", "recgrela", "cotten4rec", "elastic", "lisa-base", "lisa-soft", "lisa-mini")
+# SASRec under the protocol of a published table, compared with that table's row rather than with the other studies
+PUBLISHED_STUDIES = ("sasrec-s3rec-bce", "sasrec-s3rec-ce", "sasrec-s3rec-bce-patience50")
 
 
 @dataclass(frozen=True)

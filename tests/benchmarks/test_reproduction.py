@@ -9,27 +9,31 @@ import pandas as pd
 import pytest
 
 from benchmarks.reproduction import (
-    ABLATION_GROUPS,
-    ABLATIONS,
     ARCHIVE,
     ARCHIVED_FILES,
-    CLAIMS,
-    MAIN_STUDIES,
-    PUBLISHED,
-    PUBLISHED_STUDIES,
     STUDY_DIR,
     archive_study,
     build_parser,
     check_run_overrides,
-    claim_lines,
     finished_seeds,
     main,
     prepare_for_report,
     progress_line,
-    published_lines,
     restore_archive,
     run_study,
     sweep_overrides,
+)
+from benchmarks.reproduction_claims import (
+    ABLATION_GROUPS,
+    ABLATIONS,
+    CLAIMS,
+    MAIN_STUDIES,
+    PUBLISHED,
+    PUBLISHED_STUDIES,
+)
+from benchmarks.reproduction_report import (
+    claim_lines,
+    published_lines,
     unconverged,
 )
 
