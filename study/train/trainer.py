@@ -376,7 +376,7 @@ def efficiency_figures(model_name: str, model_hparams: dict, train_cfg: TrainCon
         peak_mb, method = float("nan"), f"failed: {error}"
     test_users = np.arange(len(data.test.inputs)) if model.needs_users else None  # split rows are users 0..U-1
     p50, p95 = efficiency.inference_latency_ms(model, data.test.inputs, device, users=test_users,
-                                               trim=train_cfg.trim_padding)
+                                               trim=trims_padding(train_cfg.trim_padding, device))
     return {"peak_mem_mb": peak_mb, "peak_mem_method": method, "infer_ms_p50": p50, "infer_ms_p95": p95}
 
 

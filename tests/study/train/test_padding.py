@@ -224,3 +224,19 @@ def test_a_trial_records_the_trimming_that_ran(synthetic_lastfm_prepared):
     settings = {"max_epochs": 1, "hidden_size": 8, "num_layers": 1, "measure_efficiency": False, "num_threads": 1}
     row = run_trial("sasrec", synthetic_lastfm_prepared, settings)
     assert row["status"] == "ok" and row["config"]["trim_padding"] is True  # auto, resolved on this CPU
+
+
+def test_latency_is_measured_trimmed_on_a_cpu_when_trimming_is_left_to_the_trainer(synthetic_lastfm_prepared,
+                                                                                   monkeypatch):
+    """Sweeps measure a trial's latency before training, from the unresolved settings: `auto` must still mean
+    trimmed on a CPU there, as in the trainer's own rows."""
+    from study.train import efficiency
+    from study.train.trainer import efficiency_figures
+
+    asked = []
+    monkeypatch.setattr(efficiency, "inference_latency_ms", lambda *a, trim, **k: asked.append(trim) or (1.0, 1.0))
+    data = TrialData.from_prepared(synthetic_lastfm_prepared, 50)
+    model = models.build("sasrec", num_items=data.num_items, max_len=50, hidden_size=8, num_layers=1)
+    efficiency_figures("sasrec", {"hidden_size": 8, "num_layers": 1, "num_items": data.num_items, "max_len": 50},
+                       TrainConfig(), data, model, torch.device("cpu"))
+    assert asked == [True]
