@@ -27,8 +27,8 @@ def trims_padding(setting: bool | None, device: torch.device | str) -> bool:
     """``TrainConfig.trim_padding`` resolved for ``device``: the setting where given, else trim on a CPU only.
 
     On CUDA the zoo's steps are bound by kernel launches (`python -m benchmarks.step_profile elastic --device
-    cuda`: the GPU is busy 3% of an ELASTIC step), so the FLOPs trimming saves cost nothing there while the length
-    groups multiply the launches and each group reads its width back from the device.
+    cuda` on an H200: the GPU is busy 3% of an ELASTIC step), so the FLOPs trimming saves buy little time there,
+    while the length groups multiply the launches and each group reads its width back from the device.
     """
     if setting is not None:
         return setting
