@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from benchmarks.reproduction_claims import ABLATION_GROUPS, ABLATIONS, CLAIMS, PUBLISHED, Claim
-from study.analysis.runs import assign_labels, collect_runs, load_results
+from study.analysis.runs import HISTORY_FILE, assign_labels, collect_runs, load_results
 from study.analysis.significance import compare, holm
 from study.analysis.tables import fmt, fmt_p
 
@@ -35,6 +35,21 @@ def seed_values(folders: dict[str, Path]) -> dict[str, pd.DataFrame]:
     runs = runs[runs["measured"]]
     return {key: runs[runs["study"] == folder.name].drop_duplicates("seed").set_index("seed")
             for key, folder in folders.items()}
+
+
+def trial_wall_s(runs: pd.DataFrame, folder: Path) -> float:
+    """Wall time of a study's runs: per run, its row's figure or, where larger, its last epoch's cumulative time.
+
+    A row recorded before 2026-11-26 counts only the last run of a trial stopped and resumed; the epoch reports
+    always counted the earlier runs too (the checkpoint carries their time), so the larger of the two is the trial's.
+    """
+    history_file = folder / HISTORY_FILE
+    if not len(runs) or not history_file.is_file():
+        return float(runs["wall_time_s"].sum()) if len(runs) else 0.0
+    history = pd.read_parquet(history_file, columns=["trial_id", "epoch", "wall_time_s"])
+    trained = history.sort_values("epoch").groupby("trial_id")["wall_time_s"].last()
+    epochs = trained.reindex(runs["trial_id"]).to_numpy()
+    return float(pd.Series(runs["wall_time_s"].to_numpy()).combine(pd.Series(epochs), max).sum())
 
 
 def mean_sd(values: pd.Series) -> str:
@@ -153,7 +168,7 @@ def published_section(dataset: str, folders: dict[str, Path], args: argparse.Nam
 def dataset_section(dataset: str, folders: dict[str, Path], args: argparse.Namespace, report_dir: Path) -> list[str]:
     values = seed_values(folders)
     main = {k: v for k, v in values.items() if k not in ABLATIONS}
-    wall = sum(float(v["wall_time_s"].sum()) for v in values.values())
+    wall = sum(trial_wall_s(values[study], folder) for study, folder in folders.items())
     lines = [*results_table(main), "",
              f"Full report with the paired t-tests (Holm), effect sizes and the Pareto fronts: "
              f"[{report_dir.name}/report.md]({report_dir.relative_to(Path(args.out).parent)}/report.md). "

@@ -164,6 +164,8 @@ class EpochReporter:
         # a trial resumed from a checkpoint (a TrainingState) keeps the medians of its earlier epochs
         self.epoch_times: list[float] = list(resumed.epoch_times) if resumed else []
         self.throughputs: list[float] = [t for t in resumed.throughputs if math.isfinite(t)] if resumed else []
+        # and the wall time its kept epochs took, so that the row's wall time is the whole trial's, not this run's
+        self.earlier_s = resumed.elapsed_s if resumed else 0.0
         self.node = node_identity()
 
     def __call__(self, epoch_report: Any) -> None:
@@ -184,7 +186,7 @@ class EpochReporter:
             "extra_json": json.dumps(json_safe(epoch_report.extra)),
             "trial_started_at": self.started,
             "process_started_at": _process_started_at(),
-            "trial_compute_s": time.time() - self.started,
+            "trial_compute_s": self.earlier_s + time.time() - self.started,
             "pid": os.getpid(),
             # where the trial ran (Tune's own `node_ip` is bookkeeping, dropped from records)
             "trial_node_id": self.node["node_id"],

@@ -34,6 +34,7 @@ from benchmarks.reproduction_claims import (
 from benchmarks.reproduction_report import (
     claim_lines,
     published_lines,
+    trial_wall_s,
     unconverged,
 )
 
@@ -280,3 +281,13 @@ def test_ctrl_c_waits_for_the_sweep_and_ends_with_one_line(tmp_path, monkeypatch
     assert len(sweep.waits) == 2 and sweep.signals == []  # waited for it to stop; no second SIGINT
     err = capsys.readouterr().err
     assert err.startswith("interrupted; rerun the same command") and "Traceback" not in err
+
+
+def test_a_resumed_trial_counts_its_earlier_runs_in_the_wall_time(tmp_path) -> None:
+    """Trial a ran whole (its row has the larger figure: it counts set-up too); trial b was stopped and resumed, and
+    its row, written before the fix, counts only the last run, while its epochs' cumulative time counts both."""
+    pd.DataFrame({"trial_id": ["a", "a", "b", "b"], "epoch": [1, 2, 1, 2],
+                  "wall_time_s": [50.0, 100.0, 900.0, 1000.0]}).to_parquet(tmp_path / "history.parquet")
+    runs = pd.DataFrame({"trial_id": ["a", "b"], "wall_time_s": [110.0, 300.0]})
+    assert trial_wall_s(runs, tmp_path) == 110.0 + 1000.0
+    assert trial_wall_s(runs, tmp_path / "no-history") == 410.0

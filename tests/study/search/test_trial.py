@@ -43,3 +43,23 @@ def test_a_trial_whose_process_was_lost_trains_again(reports: list[dict[str, Any
     assert replay_recorded(_plan({"status": "failed", "error": error, "last_report": {}})) is False
     assert replay_recorded(_plan(None)) is False  # and so does a trial with no record
     assert reports == []
+
+
+def test_a_resumed_trial_reports_the_wall_time_of_its_earlier_runs_too() -> None:
+    """Resumed from a checkpoint taken after 500 s of training, a trial reports 500 s more than this run took, so
+    that a study stopped and resumed gets its whole training time in its rows and in the report."""
+    import time
+
+    from study.search.trial import EpochReporter
+
+    def epoch(number: int) -> SimpleNamespace:
+        return SimpleNamespace(epoch_time_s=1.0, throughput=10.0, flat=lambda: {"epoch": number}, extra={},
+                               snapshot=None, best_epoch=number, epoch=number)
+
+    sent: list[dict[str, Any]] = []
+    started = time.time() - 20.0
+    checkpoint = SimpleNamespace(epoch_times=[1.0] * 3, throughputs=[10.0] * 3, elapsed_s=500.0)
+    EpochReporter({"device": "cpu"}, 8, started, sent.append, resumed=checkpoint)(epoch(4))
+    EpochReporter({"device": "cpu"}, 8, started, sent.append)(epoch(1))
+    resumed, fresh = (report["trial_compute_s"] for report in sent)
+    assert 520.0 <= resumed < 530.0 and 20.0 <= fresh < 30.0
