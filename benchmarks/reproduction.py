@@ -262,13 +262,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
+    # `kill PID` and job schedulers send SIGTERM, and a run started in the background of a script ignores SIGINT:
+    # SIGTERM stops like Ctrl-C, after the sweep below has saved Tune's state (stop_sweep passes it a SIGINT)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         return run(build_parser().parse_args(argv))
     except KeyboardInterrupt:
         print("interrupted; rerun the same command to continue: finished studies are kept and an unfinished one "
               "resumes from Tune's state (--report-only reports what has finished)", file=sys.stderr)
         return EXIT_INTERRUPTED
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run(args: argparse.Namespace) -> int:

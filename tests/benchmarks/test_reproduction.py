@@ -291,3 +291,39 @@ def test_a_resumed_trial_counts_its_earlier_runs_in_the_wall_time(tmp_path) -> N
     runs = pd.DataFrame({"trial_id": ["a", "b"], "wall_time_s": [110.0, 300.0]})
     assert trial_wall_s(runs, tmp_path) == 110.0 + 1000.0
     assert trial_wall_s(runs, tmp_path / "no-history") == 410.0
+
+
+def test_sigterm_stops_like_ctrl_c_and_passes_the_sweep_a_sigint(tmp_path, monkeypatch, capsys) -> None:
+    """`kill PID` reaches this process alone (and a background run ignores SIGINT): the sweep is asked to stop with
+    one SIGINT after the grace period, so that Tune saves its state, and the run ends with the same one line."""
+    import os
+    import signal
+    import subprocess
+
+    import benchmarks.reproduction as reproduction
+
+    class KilledDriverSweep:
+        def __init__(self) -> None:
+            self.waits, self.signals = [], []
+
+        def wait(self, timeout: float | None = None) -> int:
+            self.waits.append(timeout)
+            if len(self.waits) == 1:
+                os.kill(os.getpid(), signal.SIGTERM)  # arrives while the driver waits for the sweep
+            if len(self.waits) == 2:
+                raise subprocess.TimeoutExpired("study.sweep", timeout)  # the sweep did not get it
+            return 130
+
+        def send_signal(self, number: int) -> None:
+            self.signals.append(number)
+
+    sweeps: list[KilledDriverSweep] = []
+    monkeypatch.setattr(reproduction, "RESULTS", tmp_path)
+    monkeypatch.setattr(reproduction.subprocess, "Popen", lambda *a, **k: sweeps.append(KilledDriverSweep())
+                        or sweeps[-1])
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["--datasets", "ml-100k", "--studies", "sasrec", "--quick"]) == 130
+    [sweep] = sweeps
+    assert sweep.signals == [signal.SIGINT] and len(sweep.waits) == 3
+    assert capsys.readouterr().err.startswith("interrupted; rerun the same command")
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is this command's only
