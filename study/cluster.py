@@ -195,6 +195,8 @@ def node_identity() -> dict[str, str | None]:
     try:
         import ray
 
+        if not ray.is_initialized():  # asking a driver without Ray for its runtime context would start Ray
+            return {"node_id": None, "node_ip": None}
         return {"node_id": ray.get_runtime_context().get_node_id(), "node_ip": ray.util.get_node_ip_address()}
     except Exception:  # outside Ray (a plain function call in a test): nothing to say
         return {"node_id": None, "node_ip": None}

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import ray
 from ray import tune
 
 from study.search.trial import TrialFailed, TrialPlan, replay_recorded
@@ -63,3 +64,4 @@ def test_a_resumed_trial_reports_the_wall_time_of_its_earlier_runs_too() -> None
     EpochReporter({"device": "cpu"}, 8, started, sent.append)(epoch(1))
     resumed, fresh = (report["trial_compute_s"] for report in sent)
     assert 520.0 <= resumed < 530.0 and 20.0 <= fresh < 30.0
+    assert not ray.is_initialized()  # a reporter outside a trial does not start Ray (it did, for the rest of the run)
