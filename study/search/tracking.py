@@ -46,13 +46,13 @@ def tracking_callbacks(tracking: Tracking, shared_params: dict[str, Any] | None 
         callbacks.append(MLflowTrialRuns(tracking.mlflow.get("tracking_uri"), tracking.mlflow["experiment"],
                                          shared_params))
     if tracking.wandb is not None:
-        from ray.air.integrations.wandb import WandbLoggerCallback
+        from study.search.wandb_runs import WandbTrialRuns
 
         # wandb.init runs in one logging actor per trial, which may not see this shell's variables: the mode and
         # folder a user chose here (WANDB_MODE=offline logs without an account, `wandb sync` uploads later) go with it
         chosen = {key: os.environ[name] for key, name in (("mode", "WANDB_MODE"), ("dir", "WANDB_DIR"))
                   if os.environ.get(name)}
-        callbacks.append(WandbLoggerCallback(project=tracking.wandb["project"], **chosen))
+        callbacks.append(WandbTrialRuns(project=tracking.wandb["project"], **chosen))
     return callbacks
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -133,3 +134,47 @@ def test_wandb_offline_writes_one_run_per_trial_with_its_epochs(tmp_path: Path, 
         assert len(epochs) == EPOCHS and b"valid_ndcg@10" in content
         for value in epochs["valid_ndcg@10"]:
             assert repr(float(value)).encode() in content
+
+
+# Runs one trial's W&B logging actor, as Ray would, outside Ray: its queue holds two epochs' reports, then the end.
+# Prints the processes the actor left behind, which Ray would kill the moment ``run`` returns.
+_ACTOR_SCRIPT = """
+import os, sys
+import os
+from pathlib import Path
+from ray.air.integrations.wandb import _QueueItem
+from study.search.wandb_runs import WandbTrialRuns
+
+class Reports:
+    items = [(_QueueItem.RESULT, {"training_iteration": epoch, "valid_ndcg@10": 0.01 * epoch + 0.001})
+             for epoch in (1, 2)] + [(_QueueItem.END, None)]
+    def get(self):
+        return self.items.pop(0)
+
+actor = WandbTrialRuns._logger_actor_cls(logdir=sys.argv[1], queue=Reports(), exclude=[], to_config=[],
+                                         project="tracked", id="trial001", name="trial001", mode="offline",
+                                         dir=sys.argv[1])
+actor.run()
+children = [p.name for p in Path("/proc").iterdir() if p.name.isdigit()
+            and (p / "stat").exists() and (p / "stat").read_text().rsplit(")", 1)[1].split()[1] == str(os.getpid())]
+print("left:", " ".join(children))
+"""
+
+
+def test_a_wandb_trial_run_is_complete_when_its_logging_actor_returns(tmp_path: Path) -> None:
+    """Ray kills a trial's logging actor, and its children, as soon as the actor's ``run`` returns. W&B's service
+    process (a child that writes the run file) must be gone by then: CI once found a run whose service had been killed
+    first, its file holding the 7-byte header and nothing else. When ``run`` returns, no child is left and the
+    file holds both epochs' values."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _ACTOR_SCRIPT, str(tmp_path)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "WANDB_SILENT": "true"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "left:"  # W&B's service exited before run returned
+    (log,) = (tmp_path / "wandb").glob("offline-run-*-trial001/run-trial001.wandb")
+    content = log.read_bytes()
+    assert b"valid_ndcg@10" in content
+    for value in (0.011, 0.021):
+        assert repr(value).encode() in content
