@@ -140,7 +140,6 @@ def test_wandb_offline_writes_one_run_per_trial_with_its_epochs(tmp_path: Path, 
 # Prints the processes the actor left behind, which Ray would kill the moment ``run`` returns.
 _ACTOR_SCRIPT = """
 import os, sys
-import os
 from pathlib import Path
 from ray.air.integrations.wandb import _QueueItem
 from study.search.wandb_runs import WandbTrialRuns
@@ -155,8 +154,14 @@ actor = WandbTrialRuns._logger_actor_cls(logdir=sys.argv[1], queue=Reports(), ex
                                          project="tracked", id="trial001", name="trial001", mode="offline",
                                          dir=sys.argv[1])
 actor.run()
-children = [p.name for p in Path("/proc").iterdir() if p.name.isdigit()
-            and (p / "stat").exists() and (p / "stat").read_text().rsplit(")", 1)[1].split()[1] == str(os.getpid())]
+
+def parent(process):
+    try:  # a process may end while we look: it is then no child of ours
+        return process.joinpath("stat").read_text().rsplit(")", 1)[1].split()[1]
+    except (OSError, IndexError):
+        return None
+
+children = [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and parent(p) == str(os.getpid())]
 print("left:", " ".join(children))
 """
 
