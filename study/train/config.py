@@ -58,8 +58,8 @@ class TrainConfig:
     eval_batch_size: int = 256
     measure_efficiency: bool = True
     # bf16/fp16 autocast of the forward pass and loss (CUDA only: a CPU step stays fp32), and torch.compile of the
-    # model (anywhere; on a CPU its first step compiles for minutes). Both change the arithmetic, so both are
-    # recorded and off by default.
+    # training loss, network included (anywhere; on a CPU its first step compiles for minutes). Both change the
+    # arithmetic, so both are recorded and off by default.
     precision: str = "fp32"
     compile: bool = False
     # drop the leading columns that are padding in every row of a batch and run its windows in length groups

@@ -3,6 +3,7 @@ one mask per layer, and the mixed-precision option leaves a CPU step in fp32."""
 
 from __future__ import annotations
 
+import functools
 import gc
 import weakref
 
@@ -103,8 +104,34 @@ def test_mixed_precision_leaves_a_cpu_step_in_fp32():
 
 
 def test_compile_option_keeps_the_state_dict_keys():
-    """``nn.Module.compile`` compiles in place: checkpoints and exports keep their keys (no ``_orig_mod.``)."""
+    """``compile`` leaves the model object alone: checkpoints and exports keep their keys (no ``_orig_mod.``)."""
     model = models.build("sasrec", num_items=30, max_len=10)
     keys = list(model.state_dict())
     TrainStep(model, TrainConfig(compile=True))
     assert list(model.state_dict()) == keys
+
+
+@pytest.mark.parametrize(("name", "objective"),
+                         [("sasrec", "causal"), ("sasrec", "last"), ("elastic", "last"), ("bert4rec", "cloze")])
+def test_compile_traces_the_network_whichever_way_the_objective_calls_it(monkeypatch, name, objective):
+    """``last`` reaches the network through ``last_hidden`` (ELASTIC through ``encode``), which a compiled
+    ``nn.Module.forward`` never sees: such steps ran eager under ``compile=true``. A backend that keeps the
+    traced graphs shows the item lookup inside them; it runs them as traced, so the losses are the eager ones."""
+    graphs = []
+
+    def keep_graph(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=keep_graph))
+    torch._dynamo.reset()
+    losses = {}
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        model = models.build(name, num_items=30, max_len=10)
+        step = TrainStep(model, TrainConfig(objective=objective, compile=compiled, trim_padding=False))
+        losses[compiled] = [step(windows(30, 10)).item() for _ in range(2)]
+    torch._dynamo.reset()
+    traced = {node.target for graph in graphs for node in graph.graph.nodes}
+    assert F.embedding in traced
+    assert losses[True] == losses[False]
