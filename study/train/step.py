@@ -60,8 +60,8 @@ class TrainStep:
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(train.precision) if on_cuda else None
         # fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range and needs none
         self.scaler = torch.amp.GradScaler("cuda") if self.autocast_dtype is torch.float16 else None
-        # The loss is compiled, not nn.Module.forward: `last` and the cloze models' queries reach the network
-        # through last_hidden or encode, which bypass a compiled forward, so their steps would stay eager.
+        # The loss is compiled, not nn.Module.forward: `last` reaches the network through last_hidden (ELASTIC's
+        # through encode), which bypasses a compiled forward, so its steps would stay eager.
         self.loss = torch.compile(objective_loss) if train.compile else objective_loss
 
     def __call__(self, windows: torch.Tensor, *, check_finite: bool = False,
@@ -70,8 +70,8 @@ class TrainStep:
         mixed = self.autocast_dtype is not None
         with torch.autocast("cuda", dtype=self.autocast_dtype) if mixed else contextlib.nullcontext():
             loss = self.loss(self.objective, self.model, windows, mask_prob=self.train.mask_prob,
-                                  generator=self.generator, users=users, sampler=self.sampler,
-                                  trim=self.train.trim_padding)
+                             generator=self.generator, users=users, sampler=self.sampler,
+                             trim=self.train.trim_padding)
         if check_finite and not torch.isfinite(loss):
             raise NonFiniteLoss(f"non-finite training loss {loss.item()}")
         if self.scaler is None:
