@@ -66,7 +66,8 @@ class TrainConfig:
     # (training, evaluation, latency): the same results at real items, less compute. None (`auto`) trims on a CPU
     # and not on CUDA, where a step at the zoo's sizes waits on kernel launches, not arithmetic, and the groups
     # multiply the launches: `python -m benchmarks.padding --device cuda` measured SASRec's step 2.4x (Beauty,
-    # max_len 50) and 3.2x (ml-100k, max_len 200) slower trimmed on an H200. The row records what ran.
+    # max_len 50) and 3.2x (ml-100k, max_len 200) slower trimmed on an H200. `auto` does not trim under `compile`
+    # either: each trimmed width and length group would be a graph to compile. The row records what ran.
     trim_padding: bool | None = None
 
     def constraint_errors(self) -> list[tuple[str, str]]:

@@ -45,8 +45,8 @@ class TrainStep:
         if train.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {train.precision!r}")
         self.model = model
-        self.train = dataclasses.replace(train, trim_padding=trims_padding(train.trim_padding,
-                                                                          next(model.parameters()).device))
+        device = next(model.parameters()).device
+        self.train = dataclasses.replace(train, trim_padding=trims_padding(train.trim_padding, device, train.compile))
         self.objective = resolve_objective(model, train.objective)
         self.optimizer = torch.optim.Adam(model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
         # the cloze mask and the negatives draw from their own generator, so batches do not shift the model's RNG

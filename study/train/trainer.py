@@ -205,7 +205,8 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
     if train_cfg.num_threads:
         torch.set_num_threads(train_cfg.num_threads)
     device = resolve_device(train_cfg.device)
-    train_cfg = replace(train_cfg, trim_padding=trims_padding(train_cfg.trim_padding, device))
+    train_cfg = replace(train_cfg, trim_padding=trims_padding(train_cfg.trim_padding, device,
+                                                                  train_cfg.compile))
     seed_everything(train_cfg.seed)
 
     model = models.build(model_name, **model_hparams).to(device)
@@ -376,7 +377,7 @@ def efficiency_figures(model_name: str, model_hparams: dict, train_cfg: TrainCon
         peak_mb, method = float("nan"), f"failed: {error}"
     test_users = np.arange(len(data.test.inputs)) if model.needs_users else None  # split rows are users 0..U-1
     p50, p95 = efficiency.inference_latency_ms(model, data.test.inputs, device, users=test_users,
-                                               trim=trims_padding(train_cfg.trim_padding, device))
+                                               trim=trims_padding(train_cfg.trim_padding, device, train_cfg.compile))
     return {"peak_mem_mb": peak_mb, "peak_mem_method": method, "infer_ms_p50": p50, "infer_ms_p95": p95}
 
 

@@ -210,6 +210,8 @@ def test_trimming_by_default_is_on_for_a_cpu_and_off_on_cuda_and_a_setting_wins(
     the length groups multiply (config.py gives the measurement); an explicit setting is kept on either device."""
     assert trims_padding(None, "cpu") is True and trims_padding(None, torch.device("cuda:1")) is False
     assert trims_padding(True, "cuda") is True and trims_padding(False, "cpu") is False
+    # a compiled step keeps full windows unless told otherwise: every trimmed width would be a graph to compile
+    assert trims_padding(None, "cpu", compiled=True) is False and trims_padding(True, "cpu", compiled=True) is True
     for given, parsed in (("auto", None), ("AUTO", None), (None, None), ("false", False), ("true", True)):
         assert split_settings("sasrec", {"trim_padding": given})[0].trim_padding is parsed
     with pytest.raises(ConfigError, match="expected a boolean or auto, got 'maybe'"):
