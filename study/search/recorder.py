@@ -182,7 +182,7 @@ def build_row(context: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]
         train_cfg, hparams = split_settings(context["model"], settings)
         if last.get("device"):  # what ran: the trainer resolves `auto` settings for its device
             train_cfg = replace(train_cfg, trim_padding=trims_padding(train_cfg.trim_padding, last["device"],
-                                                                  train_cfg.compile))
+                                                                      train_cfg.compile))
         config = {**context["model_defaults"], **hparams, **train_cfg.__dict__}
     except Exception:  # a trial can fail on its config; its row still records what was asked for
         train_cfg, config = TrainConfig(), dict(settings)

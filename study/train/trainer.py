@@ -205,8 +205,7 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
     if train_cfg.num_threads:
         torch.set_num_threads(train_cfg.num_threads)
     device = resolve_device(train_cfg.device)
-    train_cfg = replace(train_cfg, trim_padding=trims_padding(train_cfg.trim_padding, device,
-                                                                  train_cfg.compile))
+    train_cfg = replace(train_cfg, trim_padding=trims_padding(train_cfg.trim_padding, device, train_cfg.compile))
     seed_everything(train_cfg.seed)
 
     model = models.build(model_name, **model_hparams).to(device)
