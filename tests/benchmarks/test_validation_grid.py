@@ -1,0 +1,76 @@
+"""The validation grid: a study crossed with a grid, one run per cell, resumable, picked on validation."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from benchmarks import validation_grid
+
+REPRODUCTION = Path(__file__).resolve().parents[2] / "search_spaces" / "reproduction"
+
+
+def test_one_spelling_per_value() -> None:
+    assert {validation_grid.canonical(v) for v in ("1e-3", "0.001", "1.0e-3", 0.001)} == {"0.001"}
+    assert validation_grid.canonical("True") == validation_grid.canonical(True) == "true"
+    assert validation_grid.canonical("4") == "4"
+    assert validation_grid.canonical("sdpa") == "sdpa"
+
+
+def test_a_grid_item_needs_a_key_and_values() -> None:
+    assert validation_grid.parse_grid(["lr=1e-3, 2e-3", "mask_prob=0.2"]) == {"lr": ["1e-3", "2e-3"],
+                                                                               "mask_prob": ["0.2"]}
+    for bad in ("lr", "=1e-3", "lr="):
+        with pytest.raises(ValueError, match="KEY=V1,V2"):
+            validation_grid.parse_grid([bad])
+
+
+def test_a_cell_is_its_whole_configuration_whatever_keys_named_it() -> None:
+    _, model, _, settings = validation_grid.study_settings(REPRODUCTION / "bert4rec.yaml")
+    plain = validation_grid.settings_text(model, {**settings, "seed": "1"})
+    # the model's defaults, named or not, and another seed or device are the same cell
+    assert validation_grid.settings_text(model, {**settings, "dropout": "0.1", "cloze_copies": "1", "lr": "1e-3",
+                                                 "seed": "2", "device": "cuda"}) == plain
+    assert "cloze_last_item_samples=false" in plain.split(";")
+    assert "mask_prob=0.2" in plain.split(";")
+    assert validation_grid.settings_text(model, {**settings, "mask_prob": "0.4"}) != plain
+
+
+def test_the_table_stars_the_best_validation_cell_and_shows_what_differs() -> None:
+    def row(lr: str, seed: int, valid: float, test: float) -> dict[str, str]:
+        return {"study": "sasrec", "dataset": "ml-100k", "seed": str(seed), "valid_ndcg@10": str(valid),
+                "test_ndcg@10": str(test), "best_epoch": "10", "epochs_run": "20",
+                "settings": f"batch_size=128;lr={lr};max_len=50"}
+
+    text = validation_grid.table([row("0.001", 1, 0.06, 0.03), row("0.001", 2, 0.04, 0.05),
+                                  row("0.002", 1, 0.055, 0.06)])
+    lines = text.splitlines()
+    assert lines[0] == ("| study | dataset | lr | seeds | valid NDCG@10 | test NDCG@10 | best epoch | "
+                        "epochs run |")  # batch_size and max_len are the same in every cell: not shown
+    # 0.002 has the higher mean validation (0.055 > 0.050); the test column never chooses
+    assert lines[2].startswith("| sasrec | ml-100k | 0.002 | 1 | 0.0550 ± 0.0000 * |")
+    assert lines[3].startswith("| sasrec | ml-100k | 0.001 | 2 | 0.0500 ± 0.0141 |")
+
+
+def test_a_grid_runs_each_cell_once_and_a_rerun_skips_them(tmp_path: Path, data_cache: Path,
+                                                            synthetic_lastfm_file: Path,
+                                                            capsys: pytest.CaptureFixture) -> None:
+    study = tmp_path / "sasrec.yaml"
+    study.write_text((REPRODUCTION / "sasrec.yaml").read_text().replace("max_epochs: 200", "max_epochs: 1"))
+    out = tmp_path / "grid.csv"
+    argv = [str(study), "--dataset", "lastfm", "--source", str(synthetic_lastfm_file), "--grid", "lr=1e-3,2e-3",
+            "--device", "cpu", "--out", str(out)]
+    assert validation_grid.main(argv) == 0
+    with out.open(newline="") as file:
+        rows = list(csv.DictReader(file))
+    assert sorted(row["lr"] for row in rows) == ["0.001", "0.002"]
+    assert {row["epochs_run"] for row in rows} == {"1"}
+    assert all("max_len=50" in row["settings"].split(";") and "objective=causal" in row["settings"].split(";")
+               for row in rows)  # the study file's protocol and fixed keys, not the trainer's defaults
+    assert validation_grid.main(argv) == 0
+    assert "0 runs to do" in capsys.readouterr().out
+    assert out.read_text().count("\n") == 3  # the header and the two rows, nothing appended
+    with pytest.raises(SystemExit):
+        validation_grid.main([str(study), "--grid", "patience=5", "--out", str(out)])
