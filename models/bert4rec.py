@@ -22,13 +22,15 @@ Choices stated explicitly:
   users' windows; ``cloze_copies`` (default 1) masks each window that many times per step, and
   ``cloze_last_item_samples`` (default off) adds one sample per window whose only mask is its newest item: the
   next-item query that evaluation asks. Both are BERT4Rec config keys, so they are recorded with the model's
-  settings in every result row (``config``).
+  settings in every result row (``config``). The §3.6 samples stay off by default because they cost accuracy:
+  on ml-100k (mask probability 0.2, lr 1e-3) they lowered test NDCG@10 from 0.0499 to 0.0413, and a higher mask
+  probability won back only part of it (``benchmarks/results/validation_grid.md``).
 - Budget. A cloze epoch supervises only the masked ~``mask_prob`` share of each user's newest ``max_len`` items,
   once, where causal CE supervises every position: at the same number of epochs BERT4Rec has seen several
   times fewer targets, and at ~15 epochs it stays near the popularity baseline. Train it with a large epoch
   budget and early stopping on validation NDCG@10 (``benchmarks/bert4rec_budget.py`` measures the epochs). On
-  ml-100k (windows of 50, lr 1e-3, batch 128, patience 50) its best validation epochs were 49-101 over five
-  seeds, SASRec's 27-33 (docs/reproduction.md).
+  ml-100k (windows of 50, lr 1e-3, batch 128, patience 50) its best validation epochs were 74-169 over five
+  seeds, SASRec's 21-38 (docs/reproduction.md).
 - Objectives: ``cloze`` (default) and ``last`` (RecBole-style prefix CE, read through the same mask
   token). ``causal`` and ``bce`` train on every position at once and would leak future items through
   the bidirectional attention, so they are refused.

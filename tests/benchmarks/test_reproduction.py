@@ -37,6 +37,7 @@ from benchmarks.reproduction_report import (
     trial_wall_s,
     unconverged,
 )
+from study.spec.yaml_io import read_yaml
 
 
 def seeds(ndcg: list[float], hr: list[float] | None = None) -> pd.DataFrame:
@@ -108,9 +109,19 @@ def test_every_study_has_a_file_and_each_ablation_sits_beside_its_full_model() -
     for study in (*MAIN_STUDIES, *ABLATIONS):
         assert (STUDY_DIR / f"{study}.yaml").is_file(), study
     assert set(ABLATIONS) == {"elastic-mean-query", "elastic-no-imr", "elastic-no-dispatcher", "lisa-base-w16",
-                              "bert4rec-dropout05", "bert4rec-long", "sasrec-last"}
+                              "bert4rec-last-item-samples", "bert4rec-dropout05", "bert4rec-long", "sasrec-last"}
     for model, group in ABLATION_GROUPS.items():
         assert group[0] in MAIN_STUDIES and group[0].startswith(model.lower())  # the full model heads its table
+
+
+def test_the_section_36_ablation_differs_from_bert4rec_by_those_samples_alone() -> None:
+    main, _ = read_yaml(STUDY_DIR / "bert4rec.yaml")
+    ablation, _ = read_yaml(STUDY_DIR / "bert4rec-last-item-samples.yaml")
+    assert "cloze_last_item_samples" not in main["fixed"]  # the zoo's default: off
+    assert ablation["fixed"].pop("cloze_last_item_samples") is True
+    assert ablation.pop("name") == "repro-ml100k-bert4rec-last-item-samples"
+    main.pop("name")
+    assert ablation == main
 
 
 def test_a_run_counts_as_still_improving_only_at_its_own_epoch_limit() -> None:
