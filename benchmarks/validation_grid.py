@@ -31,6 +31,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from benchmarks.bert4rec_budget import read_rows
 from models import config_fields
 from study.spec.yaml_io import read_yaml
 from study.train.config import split_settings
@@ -100,22 +101,16 @@ def cells(base: dict[str, str], grid: dict[str, list[str]], seeds: list[int]) ->
     return [{**base, **point, "seed": str(seed)} for seed in seeds for point in points]
 
 
-def read_rows(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    with path.open(newline="") as file:
-        return list(csv.DictReader(file))
-
-
 def run_cell(argv: list[str], cell: dict[str, str], row_base: dict[str, str], out: Path, fields: list[str],
-             lock: threading.Lock) -> None:
-    """Train one cell in its own process and append its row to ``out``."""
+             shown: list[str], lock: threading.Lock) -> None:
+    """Train one cell in its own process and append its row to ``out``; ``shown``: the keys its progress line
+    names (the grid's)."""
     load = os.getloadavg()[0]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE",
            "PYTHONPATH": os.environ.get("PYTHONPATH", os.getcwd())}
     full = argv + [arg for key, value in cell.items() for arg in ("--set", f"{key}={value}")]
     done = subprocess.run(full, capture_output=True, text=True, env=env)
-    label = " ".join(f"{key}={cell[key]}" for key in fields[len(COLUMNS):] if key in cell) + f" seed={cell['seed']}"
+    label = " ".join(f"{key}={cell[key]}" for key in (*shown, "seed"))
     if done.returncode != 0:
         print(f"{label}: failed ({done.returncode}): {done.stderr.strip()[-500:]}", file=sys.stderr, flush=True)
         return
@@ -174,7 +169,8 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.validation_grid", description=__doc__.split("\n")[0])
-    parser.add_argument("study_file", type=Path, help="a study YAML, e.g. search_spaces/reproduction/bert4rec.yaml")
+    parser.add_argument("study_file", type=Path, nargs="?",
+                        help="a study YAML, e.g. search_spaces/reproduction/bert4rec.yaml (not for --table-only)")
     parser.add_argument("--dataset", default=None, help="a data recipe (default: the study file's)")
     parser.add_argument("--source", default=None, help="the recipe's local file (offline machines)")
     parser.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
@@ -190,8 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         parser.error(str(error))
     if not args.table_only:
-        if not grid:
-            parser.error("give at least one --grid KEY=V1,V2")
+        if args.study_file is None or not grid:
+            parser.error("give a study file and at least one --grid KEY=V1,V2")
         fixed_by_study = {"objective", "eval_mode", "mask_history", "max_epochs", "patience", *PLACEMENT_KEYS}
         clash = sorted(set(grid) & fixed_by_study)
         if clash:
@@ -218,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         lock = threading.Lock()
         with ThreadPoolExecutor(max_workers=args.parallel) as pool:
             for future in [pool.submit(run_cell, base, cell, {"study": study, "dataset": dataset}, args.out, fields,
-                                       lock) for cell in todo]:
+                                       list(grid), lock) for cell in todo]:
                 future.result()
     print(table(read_rows(args.out)))
     return 0
