@@ -2,7 +2,8 @@
 
     python -m benchmarks.validation_grid search_spaces/reproduction/bert4rec.yaml --dataset lastfm
         --source PATH/LastFM.txt --grid mask_prob=0.1,0.2,0.4 --grid lr=5e-4,1e-3,2e-3
-        [--seeds 1] [--parallel 2] [--device auto] [--out benchmarks/results/validation_grid.csv] [--table-only]
+        [--seeds 1] [--parallel 2] [--device auto] [--label NAME] [--out benchmarks/results/validation_grid.csv]
+        [--table-only]
 
 Why: a reproduction study runs each model at one configuration (``fixed`` in its study file). When a model falls
 short of a claim, the question is whether another setting of the knobs its paper leaves open would reach it. This
@@ -14,6 +15,10 @@ Each cell is one ``python -m study.train`` process with one thread (``OMP_WAIT_P
 a time; a row is appended to the CSV as soon as its run ends, with the load average when it started. A rerun skips
 the cells the CSV holds, so an interrupted grid continues. Without Ray: it runs where only torch and the data
 libraries are installed, a GPU machine too (``--device cuda``: the runs share the GPU).
+
+``--label`` names the data in the rows in place of the recipe, for a ``--source`` that is a variant of the recipe's
+file (say, the file without each user's newest item, which moves validation and test one item back in time): its
+rows then stand apart in the table, and a rerun neither skips its cells for the recipe's rows nor theirs for its.
 """
 
 from __future__ import annotations
@@ -173,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="a study YAML, e.g. search_spaces/reproduction/bert4rec.yaml (not for --table-only)")
     parser.add_argument("--dataset", default=None, help="a data recipe (default: the study file's)")
     parser.add_argument("--source", default=None, help="the recipe's local file (offline machines)")
+    parser.add_argument("--label", default=None,
+                        help="the data's name in the rows (default: the recipe's), for a --source that is a variant "
+                             "of the recipe's file")
     parser.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
                         help="a study.train key and its values; repeat for a product")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1])
@@ -194,13 +202,16 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--grid may not change the study's protocol, budget or placement: {', '.join(clash)}")
         study, model, recipe, settings = study_settings(args.study_file)
         dataset = args.dataset or recipe
+        if args.label is not None and not args.source:
+            parser.error("--label names a variant of the recipe's file: give that file with --source")
+        label = args.label or dataset
         base = [sys.executable, "-m", "study.train", "--model", model, "--dataset", dataset, "--no-progress",
                 "--set", f"device={args.device}", "--set", "num_threads=1"]
         if args.source:
             base += ["--source", args.source]
         previous = read_rows(args.out)
         done = {(row["settings"], row["seed"]) for row in previous
-                if (row["study"], row["dataset"]) == (study, dataset)}
+                if (row["study"], row["dataset"]) == (study, label)}
         todo = [cell for cell in cells(settings, grid, args.seeds)
                 if (settings_text(model, cell), cell["seed"]) not in done]
         existing = list(previous[0]) if previous else []
@@ -210,10 +221,10 @@ def main(argv: list[str] | None = None) -> int:
                 writer = csv.DictWriter(file, fieldnames=fields)
                 writer.writeheader()
                 writer.writerows(previous)
-        print(f"{study} on {dataset}: {len(todo)} runs to do ({' × '.join(grid)}, seeds {args.seeds})", flush=True)
+        print(f"{study} on {label}: {len(todo)} runs to do ({' × '.join(grid)}, seeds {args.seeds})", flush=True)
         lock = threading.Lock()
         with ThreadPoolExecutor(max_workers=args.parallel) as pool:
-            for future in [pool.submit(run_cell, base, cell, {"study": study, "dataset": dataset}, args.out, fields,
+            for future in [pool.submit(run_cell, base, cell, {"study": study, "dataset": label}, args.out, fields,
                                        list(grid), lock) for cell in todo]:
                 future.result()
     print(table(read_rows(args.out)))

@@ -72,5 +72,14 @@ def test_a_grid_runs_each_cell_once_and_a_rerun_skips_them(tmp_path: Path, data_
     assert validation_grid.main(argv) == 0
     assert "0 runs to do" in capsys.readouterr().out
     assert out.read_text().count("\n") == 3  # the header and the two rows, nothing appended
+    # the same cell on a variant of the file, under its own label: run, not skipped for the recipe's row
+    variant = [str(study), "--dataset", "lastfm", "--source", str(synthetic_lastfm_file), "--grid", "lr=1e-3",
+               "--label", "lastfm-variant", "--device", "cpu", "--out", str(out)]
+    assert validation_grid.main(variant) == 0
+    assert "lastfm-variant: 1 runs to do" in capsys.readouterr().out
+    with out.open(newline="") as file:
+        assert sorted(row["dataset"] for row in csv.DictReader(file)) == ["lastfm", "lastfm", "lastfm-variant"]
+    with pytest.raises(SystemExit):  # a label without its file would pass the recipe's data off as a variant
+        validation_grid.main([str(study), "--grid", "lr=1e-3", "--label", "lastfm-variant", "--out", str(out)])
     with pytest.raises(SystemExit):
         validation_grid.main([str(study), "--grid", "patience=5", "--out", str(out)])
