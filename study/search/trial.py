@@ -146,7 +146,8 @@ def preflight(model_name: str, settings: dict[str, Any], data: TrialData, measur
         popularity = data.item_popularity if train_cfg.negative_sampler == "popularity" else None
         negatives = sample_negatives(data.test, data.num_items, train_cfg.num_negatives, popularity,
                                      seed=train_cfg.seed + 1)
-    figures["pop_ndcg@10"] = popularity_metrics(data.test, data.item_popularity, negatives=negatives)["ndcg@10"]
+    figures["pop_ndcg@10"] = popularity_metrics(data.test, data.item_popularity, negatives=negatives,
+                                                mask_history=train_cfg.mask_history)["ndcg@10"]
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()

@@ -69,13 +69,17 @@ class EvalSplit:
     history_starts: np.ndarray
     history_lengths: np.ndarray
 
-    def history_mask(self, start: int, stop: int, num_items: int, device: torch.device) -> torch.Tensor:
-        """Dense (stop - start, num_items + 1) bool mask of the items users start..stop-1 interacted with."""
+    def history_entries(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """Users start..stop-1's history as (row, item) pairs: rows count from 0 at ``start``."""
         lengths = self.history_lengths[start:stop]
         row_ids = np.repeat(np.arange(stop - start), lengths)
         # position of each history entry in the flat array, built without a loop over users
         within = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        flat = self.history_items[np.repeat(self.history_starts[start:stop], lengths) + within]
+        return row_ids, self.history_items[np.repeat(self.history_starts[start:stop], lengths) + within]
+
+    def history_mask(self, start: int, stop: int, num_items: int, device: torch.device) -> torch.Tensor:
+        """Dense (stop - start, num_items + 1) bool mask of the items users start..stop-1 interacted with."""
+        row_ids, flat = self.history_entries(start, stop)
         mask = torch.zeros(stop - start, num_items + 1, dtype=torch.bool, device=device)
         mask[torch.as_tensor(row_ids, device=device), torch.as_tensor(flat, device=device, dtype=torch.long)] = True
         return mask
@@ -161,8 +165,12 @@ def evaluate(model: torch.nn.Module, split: EvalSplit, *, batch_size: int = 256,
 
 
 def popularity_metrics(split: EvalSplit, item_popularity: np.ndarray, *, negatives: np.ndarray | None = None,
-                       ks: tuple[int, ...] = METRIC_KS) -> dict[str, float]:
-    """The most-popular baseline under the same protocol: every user gets the training popularity."""
+                       mask_history: bool = False, ks: tuple[int, ...] = METRIC_KS) -> dict[str, float]:
+    """The most-popular baseline under the same protocol: every user gets the training popularity.
+
+    With ``mask_history`` (full ranking) a user's earlier items leave the ranking as they do in :func:`evaluate`,
+    the target excepted; sampled negatives never hold a history item, so they need nothing more.
+    """
     # torch.tensor copies: in a Ray trial the arrays come read-only from the object store, which as_tensor would share
     popularity = torch.tensor(item_popularity, dtype=torch.float64)
     targets = torch.tensor(split.targets, dtype=torch.long)
@@ -172,7 +180,27 @@ def popularity_metrics(split: EvalSplit, item_popularity: np.ndarray, *, negativ
         target_pop = popularity[targets]
         higher = len(ranked) - torch.searchsorted(ranked, target_pop, right=True)
         tied = torch.searchsorted(ranked, target_pop, right=True) - torch.searchsorted(ranked, target_pop) - 1
+        if mask_history:
+            above, level = _history_above_target(split, popularity, targets)
+            higher, tied = higher - above, tied - level
         return metrics_from_ranks(1.0 + higher + tied / 2.0, ks)
     candidates = torch.cat([targets[:, None], torch.tensor(negatives)], dim=1)
     scores = popularity[candidates]
     return metrics_from_ranks(rank_of_target(scores, scores[:, 0]), ks)
+
+
+def _history_above_target(split: EvalSplit, popularity: torch.Tensor,
+                          targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per user, how many distinct history items (the target excepted) are more popular than the target, and how
+    many are as popular: the candidates that masking the history takes out of the popularity ranking."""
+    users = len(split.targets)
+    rows, items = split.history_entries(0, users)
+    # an item the user had twice is masked once; the target stays rankable, as in evaluate
+    pairs = np.unique(rows * len(popularity) + items.astype(np.int64))
+    rows, items = pairs // len(popularity), pairs % len(popularity)
+    keep = (items != 0) & (items != split.targets[rows])
+    rows, items = torch.as_tensor(rows[keep]), torch.as_tensor(items[keep])
+    item_pop, target_pop = popularity[items], popularity[targets][rows]
+    above = torch.bincount(rows, weights=(item_pop > target_pop).double(), minlength=users)
+    level = torch.bincount(rows, weights=(item_pop == target_pop).double(), minlength=users)
+    return above, level

@@ -338,7 +338,8 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
         epochs_run=first_epoch - 1 + len(reports),
         efficiency=figures, device=device, extra=model.stats(), wall_time_s=time.perf_counter() - started,
         popularity={f"pop_{k}": v for k, v in popularity_metrics(data.test, data.item_popularity,
-                                                                   negatives=negatives.get("test")).items()
+                                                                   negatives=negatives.get("test"),
+                                                                   mask_history=train_cfg.mask_history).items()
                     if k == SELECTION_METRIC},
     )
     if interrupted:

@@ -124,6 +124,31 @@ def test_popularity_baseline_on_a_dataset_matches_brute_force(synthetic_lastfm_p
     assert 0.0 < got["ndcg@10"] < 0.2
 
 
+@pytest.mark.parametrize("mask_history", [False, True])
+def test_popularity_baseline_ranks_as_evaluate_ranks_a_popularity_model(mask_history):
+    # the baseline is the model that scores every user with the training popularity: evaluate gives its figures,
+    # history masking, ties, repeated history items and targets inside the history included
+    rng = np.random.default_rng(4)
+    num_users, num_items = 60, 30
+    split = _split(num_users, num_items, rng)
+    firsts = split.history_starts[:5]
+    split.history_items[firsts] = split.history_items[firsts + 1]  # five users had an item twice
+    split.targets[5:10] = split.history_items[split.history_starts[5:10]]  # five targets repeat a history item
+    popularity = rng.integers(0, 6, size=num_items + 1).astype(np.float64)  # few values: many ties
+    model = FixedScores(torch.tensor(popularity, dtype=torch.float32).repeat(num_users, 1))
+    expected = evaluate(model, split, batch_size=16, device=torch.device("cpu"), mask_history=mask_history)
+    got = popularity_metrics(split, popularity, mask_history=mask_history)
+    assert got == pytest.approx(expected)
+
+
+def test_masking_the_history_lifts_the_popularity_baseline(synthetic_lastfm_prepared):
+    data = TrialData.from_prepared(synthetic_lastfm_prepared, max_len=50)
+    plain = popularity_metrics(data.test, data.item_popularity)
+    masked = popularity_metrics(data.test, data.item_popularity, mask_history=True)
+    # a user's own popular items no longer stand above the target
+    assert masked["mrr@20"] > plain["mrr@20"]
+
+
 def test_non_finite_scores_rank_last():
     scores = torch.tensor([[float("-inf"), 0.3, float("nan"), 0.1, 0.2],
                            [float("-inf"), 0.3, 0.9, float("nan"), float("inf")],
