@@ -12,7 +12,7 @@ import pytest
 
 from study.errors import UserError
 from study.train.config import TrainConfig, split_settings
-from study.train.metrics import NonFiniteScores
+from study.train.metrics import NonFiniteScores, popularity_metrics
 from study.train.trainer import TrialData, run_trial
 
 REPO = Path(__file__).resolve().parents[3]
@@ -82,6 +82,15 @@ def test_last_and_bce_objectives_train(synthetic):
         result = run_trial("sasrec", synthetic, {**QUICK, "max_epochs": 1, "objective": objective,
                                               "prefixes_per_user": 2})
         assert result["objective"] == objective and result["status"] == "ok"
+
+
+def test_the_popularity_baseline_follows_the_history_masking(synthetic):
+    for masked in (False, True):
+        result = run_trial("sasrec", synthetic, {**QUICK, "max_epochs": 1, "mask_history": masked})
+        expected = popularity_metrics(synthetic.test, synthetic.item_popularity, mask_history=masked)
+        assert result["pop_ndcg@10"] == pytest.approx(expected["ndcg@10"])
+    assert popularity_metrics(synthetic.test, synthetic.item_popularity, mask_history=True)["ndcg@10"] != \
+        pytest.approx(popularity_metrics(synthetic.test, synthetic.item_popularity)["ndcg@10"])
 
 
 def test_sasrec_beats_popularity_on_movielens(ml100k_prepared):
