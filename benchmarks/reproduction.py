@@ -16,26 +16,25 @@ Every study file of ``search_spaces/reproduction/`` is one zoo model at its pape
    difference, the paired test), the ablations, the runs that stopped at the epoch limit, and the wall time. What
    is outside the markers (the reasons, written by a person who read the numbers) is kept as it is.
 
-Beauty runs SASRec, BERT4Rec (and reports BERT4Rec with the Section 3.6 samples, ``bert4rec-last-item-samples``) and the
-two efficient models with the best mean NDCG@10 ratio to SASRec on ml-100k and LastFM (those two wait until every
-efficient model ran on both). On LastFM and Beauty, ``sasrec-s3rec-bce`` and
-``sasrec-s3rec-ce`` rerun SASRec under the protocol of S3Rec's all-item ranking table (history masked, batch 256,
-early stopping on validation NDCG@20; S3Rec's BCE with one negative, then the zoo's causal CE) and are set against
-that table's published SASRec row, not against the other studies; on LastFM ``sasrec-s3rec-bce-patience50``, the
-BCE study with patience 50, measures what S3Rec's stopping rule costs there and gets no verdict. An interrupted run
-continues where it stopped: a finished study is never rerun, and an unfinished one resumes from Tune's state. While
-a study runs, a line every ``--progress-every`` seconds gives its finished seeds and each running trial's epoch and
-best epoch so far.
-Studies run in the order ``--studies`` names them (put the cheap ones before ELASTIC, whose epoch is ~250 times
-SASRec's) and are reported in the report's own order.
-Every study's compact records (``trials.parquet``, ``history.parquet``, ``study.yaml``, ``environment.json``: what
-the report reads, not the weights, Tune's state or the per-trial files) are kept in the repository under
-``docs/reproduction/runs/<study>/``. ``results/`` is not tracked, so on a fresh clone they are copied back into it
-first: the report then regenerates from the clone alone, and a study they hold in full is not rerun. A study they
-hold in part (its run was lost before every seed finished) is reported with the seeds it has and is not resumed,
-since Tune's state did not travel with it: move its folder aside to rerun it whole. The dataset table of each report
-comes from the prepared copy in the local data cache, which is made from ``--ml100k``/``--lastfm``/``--beauty`` when
-they are given (``--report-only`` too): give them to regenerate the page exactly.
+Beauty runs SASRec, BERT4Rec (and reports BERT4Rec with the Section 3.6 samples, ``bert4rec-last-item-samples``) and
+the two efficient models with the best mean NDCG@10 ratio to SASRec on ml-100k and LastFM (those two wait until
+every efficient model ran on both). On LastFM and Beauty, ``sasrec-s3rec-bce`` and ``sasrec-s3rec-ce`` rerun SASRec
+under the protocol of S3Rec's all-item ranking table (history masked, batch 256, early stopping on validation
+NDCG@20; S3Rec's BCE with one negative, then the zoo's causal CE) and are set against that table's published SASRec
+row, not against the other studies; on LastFM ``sasrec-s3rec-bce-patience50``, the BCE study with patience 50,
+measures what S3Rec's stopping rule costs there and gets no verdict. An interrupted run continues where it stopped:
+a finished study is never rerun, and an unfinished one resumes from Tune's state. While a study runs, a line every
+``--progress-every`` seconds gives its finished seeds and each running trial's epoch and best epoch so far. Studies
+run in the order ``--studies`` names them (put the cheap ones before ELASTIC, whose epoch is ~250 times SASRec's)
+and are reported in the report's own order. Every study's compact records (``trials.parquet``, ``history.parquet``,
+``study.yaml``, ``environment.json``: what the report reads, not the weights, Tune's state or the per-trial files)
+are kept in the repository under ``docs/reproduction/runs/<study>/``. ``results/`` is not tracked, so on a fresh
+clone they are copied back into it first: the report then regenerates from the clone alone, and a study they hold in
+full is not rerun. A study they hold in part (its run was lost before every seed finished) is reported with the
+seeds it has and is not resumed, since Tune's state did not travel with it: move its folder aside to rerun it whole.
+The dataset table of each report comes from the prepared copy in the local data cache, which is made from
+``--ml100k``/``--lastfm``/``--beauty`` when they are given (``--report-only`` too): give them to regenerate the page
+exactly.
 
 ``--set`` passes a study-file override to every sweep after the run's own (``--set resources.gpu=0.2`` lets the five
 seeds of a study share one GPU). It changes where and how fast a study runs, never its protocol: keys under

@@ -181,7 +181,7 @@ def popularity_metrics(split: EvalSplit, item_popularity: np.ndarray, *, negativ
         higher = len(ranked) - torch.searchsorted(ranked, target_pop, right=True)
         tied = torch.searchsorted(ranked, target_pop, right=True) - torch.searchsorted(ranked, target_pop) - 1
         if mask_history:
-            above, level = _history_above_target(split, popularity, targets)
+            above, level = _history_above_target(split, popularity, target_pop)
             higher, tied = higher - above, tied - level
         return metrics_from_ranks(1.0 + higher + tied / 2.0, ks)
     candidates = torch.cat([targets[:, None], torch.tensor(negatives)], dim=1)
@@ -190,7 +190,7 @@ def popularity_metrics(split: EvalSplit, item_popularity: np.ndarray, *, negativ
 
 
 def _history_above_target(split: EvalSplit, popularity: torch.Tensor,
-                          targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                          target_pop: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per user, how many distinct history items (the target excepted) are more popular than the target, and how
     many are as popular: the candidates that masking the history takes out of the popularity ranking."""
     users = len(split.targets)
@@ -200,7 +200,7 @@ def _history_above_target(split: EvalSplit, popularity: torch.Tensor,
     rows, items = pairs // len(popularity), pairs % len(popularity)
     keep = (items != 0) & (items != split.targets[rows])
     rows, items = torch.as_tensor(rows[keep]), torch.as_tensor(items[keep])
-    item_pop, target_pop = popularity[items], popularity[targets][rows]
-    above = torch.bincount(rows, weights=(item_pop > target_pop).double(), minlength=users)
-    level = torch.bincount(rows, weights=(item_pop == target_pop).double(), minlength=users)
+    item_pop, own_target = popularity[items], target_pop[rows]
+    above = torch.bincount(rows, weights=(item_pop > own_target).double(), minlength=users)
+    level = torch.bincount(rows, weights=(item_pop == own_target).double(), minlength=users)
     return above, level
