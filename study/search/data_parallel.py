@@ -36,6 +36,7 @@ from study.search.trial import (
     EpochReporter,
     TrialPlan,
     preflight,
+    quiet_exit_in_callbacks,
     quiet_ray_data,
     ray_data_batches,
     replay_recorded,
@@ -52,6 +53,7 @@ def data_parallel_trial(config: dict[str, Any], *, plan: TrialPlan, data: TrialD
     from ray.tune.integration.ray_train import TuneReportCallback
 
     started = time.time()
+    quiet_exit_in_callbacks()
     if replay_recorded(plan):
         return
     context = get_context()
@@ -84,6 +86,7 @@ def data_parallel_worker(loop_config: dict[str, Any]) -> None:
     from study.train.trainer import run_trial
 
     config, plan, data, started = (loop_config[k] for k in ("config", "plan", "data", "started"))
+    quiet_exit_in_callbacks()
     quiet_ray_data()
     logging.getLogger("ray.train").setLevel(logging.WARNING)  # Train logs every report of every worker
     context = ray.train.get_context()

@@ -20,6 +20,7 @@ import logging
 import math
 import os
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
@@ -274,6 +275,7 @@ def sweep_trial(config: dict[str, Any], *, plan: TrialPlan, data: TrialData, tra
     from ray import tune
 
     started = time.time()
+    quiet_exit_in_callbacks()
     if replay_recorded(plan):
         return
 
@@ -301,6 +303,28 @@ def sweep_trial(config: dict[str, Any], *, plan: TrialPlan, data: TrialData, tra
         train_batches = ray_data_batches(train_ds, train_cfg.batch_size, train_cfg.seed, max_len, plan.shuffle_rows)
     run_trial(plan.model, trial_data, settings, callback=reporter, resume_from=resume_from,
               train_batches=train_batches)
+
+
+def quiet_exit_in_callbacks() -> None:
+    """Keep a trial process's stop off the sweep's console.
+
+    Ray's workers answer SIGTERM (Ray shutting down, a trial being stopped) by raising SystemExit wherever the
+    process stands. Inside a weakref or finalizer callback Python cannot raise it: it prints "Exception ignored in
+    ... SystemExit: 1" with a traceback, which Ray forwards to the driver, and a clean sweep's console then ends with
+    what reads as a crash. Only that case is silenced: the exit was already dropped (as it was before), a SystemExit
+    raised anywhere else still stops the process, and every other unraisable exception is printed as Python prints
+    it. Installing it twice (a reused worker) keeps one hook.
+    """
+    previous = sys.unraisablehook
+    if getattr(previous, "quiet_exit", False):
+        return
+
+    def hook(unraisable: Any) -> None:
+        if not isinstance(unraisable.exc_value, SystemExit):
+            previous(unraisable)
+
+    hook.quiet_exit = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
 
 
 def last_training_state() -> Any:

@@ -3,6 +3,9 @@ when its process was lost (the study stopped under it)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -65,3 +68,40 @@ def test_a_resumed_trial_reports_the_wall_time_of_its_earlier_runs_too() -> None
     resumed, fresh = (report["trial_compute_s"] for report in sent)
     assert 520.0 <= resumed < 530.0 and 20.0 <= fresh < 30.0
     assert not ray.is_initialized()  # a reporter outside a trial does not start Ray (it did, for the rest of the run)
+
+
+STOPPED_IN_A_CALLBACK = """
+import weakref
+
+from study.search.trial import quiet_exit_in_callbacks
+
+quiet_exit_in_callbacks()
+quiet_exit_in_callbacks()  # a reused worker installs it again
+
+
+class Thing:
+    pass
+
+
+def stop(_):  # what Ray's SIGTERM handler does when the signal lands in a callback
+    raise SystemExit(1)
+
+
+def broken(_):
+    raise ValueError("a real bug")
+
+
+first, second = Thing(), Thing()
+refs = [weakref.ref(first, stop), weakref.ref(second, broken)]
+del first, second
+print("still running")
+raise SystemExit(3)
+"""
+
+
+def test_an_exit_dropped_in_a_callback_stays_off_the_console_and_other_errors_do_not() -> None:
+    done = subprocess.run([sys.executable, "-c", STOPPED_IN_A_CALLBACK], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[3])
+    assert done.returncode == 3 and done.stdout == "still running\n"  # a SystemExit outside a callback still exits
+    assert "SystemExit" not in done.stderr
+    assert done.stderr.count("Exception ignored") == 1 and "ValueError: a real bug" in done.stderr
