@@ -117,19 +117,27 @@ def claim_lines(values: dict[str, pd.DataFrame], claims: tuple[Claim, ...]) -> l
     return lines
 
 
-def unconverged(values: dict[str, pd.DataFrame], max_epochs: int) -> list[str]:
-    """Runs whose best epoch was their last and that hit the epoch limit: still improving when stopped.
+def unconverged(values: dict[str, pd.DataFrame], max_epochs: int, patience: int = 10) -> list[str]:
+    """Runs the epoch limit stopped, not their early stop: those whose best epoch was their last (still improving)
+    and those stopped fewer epochs after their best than their patience (their stopping rule had not fired yet).
 
-    The limit is each run's own ``config.max_epochs`` where its row records one (a study may give more epochs than
-    the shared protocol's), else ``max_epochs``."""
+    The limit and the patience are each run's own ``config.max_epochs`` and ``config.patience`` where its row
+    records them (a study may give more epochs or patience than the shared protocol's), else the arguments."""
     lines = []
     for study, runs in values.items():
-        limit = runs["config.max_epochs"].fillna(max_epochs) if "config.max_epochs" in runs else max_epochs
-        hit = runs[(runs["best_epoch"] == runs["epochs_run"]) & (runs["epochs_run"] >= limit)]
-        if len(hit):
-            epochs = sorted({int(e) for e in hit["epochs_run"]})
-            lines.append(f"- {study}: seeds {', '.join(str(int(s)) for s in hit.index)} were still improving at "
-                         f"epoch {', '.join(map(str, epochs))}")
+        limit, wait = (runs[key].fillna(default) if key in runs else pd.Series(default, index=runs.index)
+                       for key, default in (("config.max_epochs", max_epochs), ("config.patience", patience)))
+        since_best = runs["epochs_run"] - runs["best_epoch"]
+        at_limit = runs["epochs_run"] >= limit
+        improving = runs[at_limit & (since_best == 0)]
+        if len(improving):
+            epochs = sorted({int(e) for e in improving["epochs_run"]})
+            lines.append(f"- {study}: seeds {', '.join(str(int(s)) for s in improving.index)} were still improving "
+                         f"at epoch {', '.join(map(str, epochs))}")
+        for seed in runs.index[at_limit & (since_best > 0) & (since_best < wait)]:
+            lines.append(f"- {study}: seed {int(seed)} stopped at epoch {int(runs.at[seed, 'epochs_run'])}, "
+                         f"{int(since_best[seed])} epochs after its best, before its patience of "
+                         f"{int(wait[seed])} ran out")
     return lines
 
 

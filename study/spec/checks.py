@@ -49,7 +49,7 @@ def check_combinations(study: Study, errors: ConfigErrors) -> None:
     The model declares its own constraints (heads divide hidden size, ELASTIC's K square ...), so this stays
     generic over the registry. ``num_items`` (and ``num_users``) are placeholders: the trainer sizes them from the data.
     """
-    from study.train.objectives import resolve_objective
+    from study.train.objectives import check_cloze_window_step, resolve_objective
 
     points, study.exhaustive_check = _points(study)
     study.checked_points = len(points)
@@ -68,12 +68,18 @@ def check_combinations(study: Study, errors: ConfigErrors) -> None:
             errors.add(("protocol", "objective"), "objective last expands each user into a varying number of "
                                                   "prefix batches, which data-parallel workers cannot keep in step; "
                                                   "use workers_per_trial: 1")
+        if train_cfg.cloze_window_step and (study.resources.workers_per_trial > 1 or study.dataset["stream"]):
+            # like `last`, its windows come from every user's whole history, not from a worker's shard or a stream
+            errors.add(_home(study, "cloze_window_step"),
+                       "cuts every user's whole history into windows, which neither data-parallel workers nor a "
+                       "streamed dataset hold; use workers_per_trial: 1 and no stream")
         identity = repr(sorted(hparams.items())) + train_cfg.objective
         if identity not in built and len(built) < MAX_BUILT_MODELS:
             built.add(identity)
             try:
-                resolve_objective(models.build(study.model, **_data_placeholders(study.model), **hparams),
-                                  train_cfg.objective)
+                model = models.build(study.model, **_data_placeholders(study.model), **hparams)
+                check_cloze_window_step(resolve_objective(model, train_cfg.objective), train_cfg.cloze_window_step,
+                                        study.model)
             except ConfigError as error:
                 for key, message in error.errors:
                     failures.setdefault((_home(study, key), message), []).append(point)

@@ -37,6 +37,9 @@ class TrainConfig:
     mask_history: bool = False  # RecBole's default: history items stay rankable
     mask_prob: float = 0.2  # cloze only; BERT4Rec uses 0.2 on MovieLens, 0.6 on Beauty
     prefixes_per_user: int = 0  # `last` only: 0 = every prefix (RecBole's augmentation), n = n random ones
+    # `cloze` only: 0 = each user's newest window; n = windows over the whole training history whose starts are n
+    # items apart (BERT4Rec's reference code: 0.1 x max_len), see study.train.objectives.history_windows
+    cloze_window_step: int = 0
     # `sampled_ce` only (training negatives; num_negatives/negative_sampler above are the *evaluation* protocol's)
     train_negatives: int = 256  # eSASRec's SS-256
     train_negative_sampler: str = "uniform"  # uniform or popularity, always with the logQ correction
@@ -89,7 +92,7 @@ class TrainConfig:
         for key in ("batch_size", "max_epochs", "eval_batch_size"):
             if getattr(self, key) < 1:
                 errors.append((key, f"must be >= 1, got {getattr(self, key)}"))
-        for key in ("prefixes_per_user", "patience", "num_threads"):
+        for key in ("prefixes_per_user", "cloze_window_step", "patience", "num_threads"):
             if getattr(self, key) < 0:
                 errors.append((key, f"must be >= 0, got {getattr(self, key)}"))
         if self.lr <= 0:

@@ -5,7 +5,8 @@ A window's last column is the newest item. The objectives read it differently:
   Efficient, and correct only for causal models.
 - ``last``: CE at the last position only (input = window[:, :-1], target = window[:, -1]). Windows are
   prefixes of whole user histories, produced by :func:`history_prefix_windows`, RecBole's augmentation.
-- ``cloze``: BERT4Rec's masked-item CE over the newest L items.
+- ``cloze``: BERT4Rec's masked-item CE over the newest L items. Windows are each user's newest one or, with
+  ``cloze_window_step``, windows over the whole history from :func:`history_windows` (BERT4Rec's code).
 - ``bce``: the original SASRec loss, one uniformly sampled negative per position.
 - ``sampled_ce``: sampled softmax with the logQ correction at every position (like ``causal``), against
   ``train_negatives`` negatives drawn ``uniform``-ly or by ``popularity`` (gSASRec/eSASRec, Petrov & Macdonald).
@@ -51,6 +52,13 @@ def resolve_objective(model: SeqRecModel, objective: str) -> str:
         raise ConfigError([("objective", f"{model.name} cannot train with {chosen!r}: {reason}; "
                                          f"supported: {', '.join(model.objectives)}")])
     return chosen
+
+
+def check_cloze_window_step(objective: str, cloze_window_step: int, model_name: str) -> None:
+    """``cloze_window_step`` changes the cloze task's windows only: with another objective it would be ignored."""
+    if cloze_window_step and objective != "cloze":
+        raise ConfigError([("cloze_window_step", f"applies to the cloze objective only; this trial trains "
+                                                 f"{model_name} with {objective!r}")])
 
 
 def _full_softmax_ce(hidden: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -271,13 +279,51 @@ def history_prefix_windows(items: np.ndarray, starts: np.ndarray, lengths: np.nd
         offsets = (rng.random(len(owners)) * counts[owners]).astype(np.int64)
     else:
         owners = np.repeat(np.arange(len(counts)), counts)
-        offsets = np.arange(len(owners)) - np.repeat(np.cumsum(counts) - counts, counts)
-    targets = starts[owners] + 1 + offsets  # positions in `items`; the owner's first item is never a target
-    order = rng.permutation(len(targets))
+        offsets = _ranks_within_owner(counts)
+    ends = starts[owners] + 1 + offsets  # positions in `items`; the owner's first item is never a target
+    yield from _window_batches(items, starts, owners, ends, max_len, batch_size, rng, with_users)
+
+
+def history_windows(items: np.ndarray, starts: np.ndarray, lengths: np.ndarray, max_len: int, step: int,
+                    batch_size: int, rng: np.random.Generator, *,
+                    with_users: bool = False) -> Iterator[np.ndarray | tuple[np.ndarray, np.ndarray]]:
+    """Shuffled batches of windows that cover users' whole training histories, the layout of BERT4Rec's
+    reference code (its ``prop_sliding_window``): a history of T > ``max_len`` items gives the windows of
+    ``max_len`` items that start at T - max_len, T - max_len - ``step``, ... while they start after its first
+    item, plus the window of its first ``max_len`` items; a shorter history is one window. So every item is in
+    at least one window, a recent one in up to ``ceil(max_len / step)``.
+
+    Each row is (max_len + 1) wide like every training window, the window in its newest ``max_len`` columns
+    and the item before it (or padding) in the first, which the cloze task does not read. Histories of fewer
+    than two items are skipped, as the newest-window shuffle skips them. Same arguments as
+    :func:`history_prefix_windows`.
+    """
+    if step < 1:
+        raise ValueError(f"step must be >= 1, got {step}")
+    starts, lengths = np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
+    overhang = np.maximum(lengths - max_len, 0)  # how far the newest window starts after the first item
+    counts = np.where(lengths >= 2, 1 + -(-overhang // step), 0)
+    owners = np.repeat(np.arange(len(counts)), counts)
+    first_items = np.maximum(overhang[owners] - _ranks_within_owner(counts) * step, 0)
+    ends = starts[owners] + np.minimum(first_items + max_len, lengths[owners]) - 1  # each window's newest item
+    yield from _window_batches(items, starts, owners, ends, max_len, batch_size, rng, with_users)
+
+
+def _ranks_within_owner(counts: np.ndarray) -> np.ndarray:
+    """0, 1, ..., counts[u] - 1 for each u in turn: the rank of every entry of ``np.repeat(arange, counts)``."""
+    return np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+
+
+def _window_batches(items: np.ndarray, starts: np.ndarray, owners: np.ndarray, ends: np.ndarray, max_len: int,
+                    batch_size: int, rng: np.random.Generator,
+                    with_users: bool) -> Iterator[np.ndarray | tuple[np.ndarray, np.ndarray]]:
+    """Shuffled batches of the (max_len + 1)-wide windows whose newest item is ``items[ends[i]]``, each padded
+    before its owner's first item; one gather a batch."""
+    order = rng.permutation(len(ends))
     span = np.arange(-max_len, 1)
     for begin in range(0, len(order), batch_size):
         picked = order[begin:begin + batch_size]
-        columns = targets[picked, None] + span
+        columns = ends[picked, None] + span
         windows = items[np.maximum(columns, 0)]
         windows[columns < starts[owners[picked], None]] = 0  # before the user's first item: padding
         yield (windows, owners[picked]) if with_users else windows

@@ -15,7 +15,7 @@ import torch
 import models
 from models import SeqRecModel
 from study.train.config import PRECISIONS, TrainConfig
-from study.train.objectives import NegativeSampler, objective_loss, resolve_objective
+from study.train.objectives import NegativeSampler, check_cloze_window_step, objective_loss, resolve_objective
 from study.train.padding import trims_padding
 
 
@@ -48,6 +48,7 @@ class TrainStep:
         device = next(model.parameters()).device
         self.train = dataclasses.replace(train, trim_padding=trims_padding(train.trim_padding, device, train.compile))
         self.objective = resolve_objective(model, train.objective)
+        check_cloze_window_step(self.objective, train.cloze_window_step, model.name)
         self.optimizer = torch.optim.Adam(model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
         # the cloze mask and the negatives draw from their own generator, so batches do not shift the model's RNG
         self.generator = torch.Generator().manual_seed(train.seed)

@@ -37,7 +37,7 @@ from study.train.config import (
 )
 from study.train.cost import EpochCost, estimate_epoch
 from study.train.metrics import EvalSplit, NonFiniteScores, evaluate, popularity_metrics, sample_negatives
-from study.train.objectives import history_prefix_windows, resolve_objective
+from study.train.objectives import history_prefix_windows, history_windows, resolve_objective
 from study.train.padding import trims_padding
 from study.train.results import make_result, to_json_line
 from study.train.state import TrainingState, capture_rng, model_identity, restore_rng
@@ -167,19 +167,24 @@ def with_user_count(model_name: str, model_hparams: dict, meta: dict) -> dict:
 
 def epoch_windows(data: TrialData, users: Iterable[Batch | np.ndarray], objective: str, train_cfg: TrainConfig,
                   rng: np.random.Generator) -> Iterator[Batch]:
-    """One epoch's training batches as ``(windows, user ids or None)``. Other objectives train on the user windows
-    as they come (a source without user ids, such as a Ray Data shard, yields bare windows); ``last`` builds its
-    prefixes from every user's whole training history, which every trial holds in ``data`` (the validation split's
-    histories end right before the validation target), so it never reads ``users``.
+    """One epoch's training batches as ``(windows, user ids or None)``. Most objectives train on the user windows
+    as they come (a source without user ids, such as a Ray Data shard, yields bare windows). ``last``, and
+    ``cloze`` with a ``cloze_window_step``, build their windows from every user's whole training history, which
+    every trial holds in ``data`` (the validation split's histories end right before the validation target), so
+    they never read ``users``.
     """
-    if objective != "last":
+    histories = data.valid
+    max_len = data.train.shape[1] - 1
+    if objective == "last":
+        yield from history_prefix_windows(histories.history_items, histories.history_starts,
+                                          histories.history_lengths, max_len, train_cfg.prefixes_per_user,
+                                          train_cfg.batch_size, rng, with_users=True)
+    elif objective == "cloze" and train_cfg.cloze_window_step:
+        yield from history_windows(histories.history_items, histories.history_starts, histories.history_lengths,
+                                   max_len, train_cfg.cloze_window_step, train_cfg.batch_size, rng, with_users=True)
+    else:
         for batch in users:
             yield batch if isinstance(batch, tuple) else (batch, None)
-        return
-    histories = data.valid
-    yield from history_prefix_windows(histories.history_items, histories.history_starts, histories.history_lengths,
-                                      data.train.shape[1] - 1, train_cfg.prefixes_per_user, train_cfg.batch_size,
-                                      rng, with_users=True)
 
 
 def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | None = None, *,

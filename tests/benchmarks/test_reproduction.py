@@ -109,19 +109,22 @@ def test_every_study_has_a_file_and_each_ablation_sits_beside_its_full_model() -
     for study in (*MAIN_STUDIES, *ABLATIONS):
         assert (STUDY_DIR / f"{study}.yaml").is_file(), study
     assert set(ABLATIONS) == {"elastic-mean-query", "elastic-no-imr", "elastic-no-dispatcher", "lisa-base-w16",
-                              "bert4rec-last-item-samples", "bert4rec-dropout05", "bert4rec-long", "sasrec-last"}
+                              "bert4rec-last-item-samples", "bert4rec-dropout05", "bert4rec-long", "sasrec-last",
+                              "bert4rec-sliding-windows"}
     for model, group in ABLATION_GROUPS.items():
         assert group[0] in MAIN_STUDIES and group[0].startswith(model.lower())  # the full model heads its table
 
 
-def test_the_section_36_ablation_differs_from_bert4rec_by_those_samples_alone() -> None:
+@pytest.mark.parametrize(("ablation", "key", "value"), [("bert4rec-last-item-samples", "cloze_last_item_samples", True),
+                                                   ("bert4rec-sliding-windows", "cloze_window_step", 5)])
+def test_a_bert4rec_ablation_differs_from_bert4rec_by_its_one_key(ablation: str, key: str, value: object) -> None:
     main, _ = read_yaml(STUDY_DIR / "bert4rec.yaml")
-    ablation, _ = read_yaml(STUDY_DIR / "bert4rec-last-item-samples.yaml")
-    assert "cloze_last_item_samples" not in main["fixed"]  # the zoo's default: off
-    assert ablation["fixed"].pop("cloze_last_item_samples") is True
-    assert ablation.pop("name") == "repro-ml100k-bert4rec-last-item-samples"
+    changed, _ = read_yaml(STUDY_DIR / f"{ablation}.yaml")
+    assert key not in main["fixed"]  # the zoo's default: off
+    assert changed["fixed"].pop(key) == value
+    assert changed.pop("name") == f"repro-ml100k-{ablation}"
     main.pop("name")
-    assert ablation == main
+    assert changed == main
 
 
 def test_a_run_counts_as_still_improving_only_at_its_own_epoch_limit() -> None:
@@ -135,6 +138,19 @@ def test_a_run_counts_as_still_improving_only_at_its_own_epoch_limit() -> None:
         "- bert4rec-long: seeds 1, 3 were still improving at epoch 200, 500"]
     assert unconverged({"sasrec": runs.drop(columns="config.max_epochs")}, 200) == [
         "- sasrec: seeds 1, 2, 3 were still improving at epoch 200, 500"]  # without the column: the shared 200
+
+
+def test_a_run_the_limit_cut_before_its_patience_ran_out_is_listed() -> None:
+    # LastFM's bert4rec seed 1: best epoch 165, stopped by the limit of 200 with 15 epochs of patience 50 left;
+    # seed 4 ran out of patience at epoch 199, seed 2 at 60 (both early stops); seed 3 under the default patience 10
+    runs = pd.DataFrame({"best_epoch": [165, 10, 195, 149], "epochs_run": [200, 60, 200, 199],
+                         "config.patience": [50, 50, None, 50]}, index=pd.Index([1, 2, 3, 4], name="seed"))
+    assert unconverged({"bert4rec": runs}, 200) == [
+        "- bert4rec: seed 1 stopped at epoch 200, 35 epochs after its best, before its patience of 50 ran out",
+        "- bert4rec: seed 3 stopped at epoch 200, 5 epochs after its best, before its patience of 10 ran out"]
+    runs.loc[1, "best_epoch"] = 150  # 50 epochs without a better score: the early stop and the limit coincide
+    assert unconverged({"bert4rec": runs}, 200) == [
+        "- bert4rec: seed 3 stopped at epoch 200, 5 epochs after its best, before its patience of 10 ran out"]
 
 
 def test_the_progress_line_reads_the_running_trials_epoch_files(tmp_path) -> None:

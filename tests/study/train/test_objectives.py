@@ -11,7 +11,7 @@ import torch
 
 import models
 from study.train.config import TrainConfig
-from study.train.objectives import history_prefix_windows, objective_loss, resolve_objective
+from study.train.objectives import history_prefix_windows, history_windows, objective_loss, resolve_objective
 from study.train.trainer import TrialData, epoch_windows
 
 
@@ -39,6 +39,56 @@ def test_every_prefix_of_the_whole_history_is_one_window():
     assert sorted(map(tuple, windows)) == sorted(naive_prefixes(histories, 3))
     # a window never reaches into the previous user's items
     assert (0, 0, 12, 13) in set(map(tuple, windows)) and (0, 0, 1, 2) in set(map(tuple, windows))
+
+
+def bert4rec_code_windows(histories: list[list[int]], max_len: int, step: int) -> list[tuple[int, ...]]:
+    """BERT4Rec's reference layout, written as it reads: a history longer than max_len is cut into the windows
+    starting at len - max_len, len - max_len - step, ... (> 0), and at 0; each as a (max_len + 1)-wide row whose
+    first column is the item before the window (or padding)."""
+    windows = []
+    for history in histories:
+        if len(history) < 2:
+            continue
+        begins = list(range(len(history) - max_len, 0, -step)) + [0] if len(history) > max_len else [0]
+        for begin in begins:
+            kept = history[max(0, begin - 1):begin + max_len]
+            windows.append((0,) * (max_len + 1 - len(kept)) + tuple(kept))
+    return windows
+
+
+@pytest.mark.parametrize(("max_len", "step"), [(3, 1), (4, 2), (5, 3), (5, 5), (4, 9)])
+def test_history_windows_are_bert4rec_codes_sliding_windows(max_len, step):
+    rng = np.random.default_rng(max_len * 10 + step)
+    histories = [list(rng.integers(1, 50, size=n)) for n in (1, 2, 4, 5, 6, 9, 13, 30)]
+    items, starts, lengths = as_flat(histories)
+    windows = np.concatenate(list(history_windows(items, starts, lengths, max_len, step, 7, rng)))
+    assert sorted(map(tuple, windows.tolist())) == sorted(bert4rec_code_windows(histories, max_len, step))
+
+
+def test_history_windows_cover_every_training_item_once_or_more_on_lastfm(lastfm_prepared):
+    data = TrialData.from_prepared(lastfm_prepared, max_len=50)
+    split = data.valid
+    windows, users = map(np.concatenate, zip(*epoch_windows(data, iter(()), "cloze", TrainConfig(cloze_window_step=5),
+                                                             np.random.default_rng(0))))
+    overhang = np.maximum(split.history_lengths - 50, 0)
+    assert len(windows) == int((1 + np.ceil(overhang / 5)).sum())
+    # LastFM's long histories: the newest windows alone hold about half of the training items, these hold all
+    per_user = np.bincount(users, weights=(windows[:, 1:] > 0).sum(1), minlength=len(overhang))
+    assert (per_user >= split.history_lengths).all()
+    covered = {(int(u), int(i)) for u, row in zip(users, windows[:, 1:]) for i in row[row > 0]}
+    everything = {(u, int(i)) for u, (start, length) in enumerate(zip(split.history_starts, split.history_lengths))
+                  for i in split.history_items[start:start + length]}
+    assert covered == everything
+    newest_only = int(np.minimum(split.history_lengths, 50).sum())
+    assert newest_only < 0.6 * split.history_lengths.sum()
+
+
+def test_cloze_window_step_is_refused_outside_cloze():
+    from study.train.step import TrainStep
+
+    with pytest.raises(models.ConfigError, match="cloze_window_step"):
+        TrainStep(models.build("sasrec", num_items=10, max_len=5), TrainConfig(cloze_window_step=2))
+    assert TrainStep(models.build("bert4rec", num_items=10, max_len=5), TrainConfig(cloze_window_step=2))
 
 
 def test_each_epoch_shuffles_the_windows_differently():

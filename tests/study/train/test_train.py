@@ -8,12 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from study.errors import UserError
 from study.train.config import TrainConfig, split_settings
 from study.train.metrics import NonFiniteScores, popularity_metrics
-from study.train.trainer import TrialData, run_trial
+from study.train.trainer import TrialData, epoch_windows, run_trial, user_batches
 
 REPO = Path(__file__).resolve().parents[3]
 QUICK = {"max_epochs": 2, "batch_size": 256, "measure_efficiency": False, "num_threads": 1, "max_len": 20}
@@ -82,6 +83,18 @@ def test_last_and_bce_objectives_train(synthetic):
         result = run_trial("sasrec", synthetic, {**QUICK, "max_epochs": 1, "objective": objective,
                                               "prefixes_per_user": 2})
         assert result["objective"] == objective and result["status"] == "ok"
+
+
+def test_cloze_with_sliding_windows_trains_and_records_its_step(synthetic):
+    counts = {}
+    for step in (0, 4):
+        result = run_trial("bert4rec", synthetic, {**QUICK, "max_epochs": 1, "cloze_window_step": step})
+        assert result["status"] == "ok" and result["config"]["cloze_window_step"] == step
+        config = TrainConfig(batch_size=64, cloze_window_step=step)
+        batches = epoch_windows(synthetic, user_batches(synthetic.train, 64, np.random.default_rng(0)), "cloze",
+                                config, np.random.default_rng(0))
+        counts[step] = sum(len(windows) for windows, _ in batches)
+    assert counts[4] > counts[0]  # the histories longer than the 20-item windows give more than one
 
 
 def test_the_popularity_baseline_follows_the_history_masking(synthetic):
