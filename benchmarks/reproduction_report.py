@@ -134,7 +134,7 @@ def unconverged(values: dict[str, pd.DataFrame], max_epochs: int, patience: int 
             epochs = sorted({int(e) for e in improving["epochs_run"]})
             lines.append(f"- {study}: seeds {', '.join(str(int(s)) for s in improving.index)} were still improving "
                          f"at epoch {', '.join(map(str, epochs))}")
-        for seed in runs.index[at_limit & (since_best > 0) & (since_best < wait)]:
+        for seed in sorted(runs.index[at_limit & (since_best > 0) & (since_best < wait)]):
             lines.append(f"- {study}: seed {int(seed)} stopped at epoch {int(runs.at[seed, 'epochs_run'])}, "
                          f"{int(since_best[seed])} epochs after its best, before its patience of "
                          f"{int(wait[seed])} ran out")
@@ -170,7 +170,7 @@ def published_section(dataset: str, folders: dict[str, Path], args: argparse.Nam
     values = seed_values(folders)
     stopped = unconverged(values, 2 if args.quick else 200)
     return ["### Against published rows", "", *results_table(values), "", *published_lines(dataset, values), "",
-            *(stopped and ["Still improving at the epoch limit:", "", *stopped, ""])]
+            *(stopped and ["Stopped by the epoch limit:", "", *stopped, ""])]
 
 
 def dataset_section(dataset: str, folders: dict[str, Path], args: argparse.Namespace, report_dir: Path) -> list[str]:
