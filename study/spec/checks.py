@@ -73,7 +73,7 @@ def check_combinations(study: Study, errors: ConfigErrors) -> None:
             errors.add(_home(study, "cloze_window_step"),
                        "cuts every user's whole history into windows, which neither data-parallel workers nor a "
                        "streamed dataset hold; use workers_per_trial: 1 and no stream")
-        identity = repr(sorted(hparams.items())) + train_cfg.objective
+        identity = repr(sorted(hparams.items())) + train_cfg.objective + str(bool(train_cfg.cloze_window_step))
         if identity not in built and len(built) < MAX_BUILT_MODELS:
             built.add(identity)
             try:
