@@ -261,3 +261,16 @@ def test_cloze_window_step_needs_the_cloze_objective_and_whole_histories(tmp_pat
         """, name="sharded.yaml")
     text = "\n".join(errors_of(capsys, [str(sharded), "--dry-run"]))
     assert "fixed.cloze_window_step: cuts every user's whole history into windows" in text
+
+
+def test_a_searched_cloze_window_step_is_checked_at_each_value(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    searched = write(tmp_path, f"""
+        name: windows-searched
+        model: sasrec
+        dataset: {{name: lastfm, source: {LASTFM}}}
+        search: {{cloze_window_step: {{grid: [0, 5]}}}}
+        budget: {{num_samples: 2, max_epochs: 2}}
+        """)
+    [error] = errors_of(capsys, [str(searched), "--dry-run"])
+    assert "cloze_window_step: applies to the cloze objective only" in error
+    assert "at search point cloze_window_step=5" in error
