@@ -238,27 +238,24 @@ def test_ctrl_c_names_the_resume_command_with_the_overrides_that_locate_the_run(
     assert again.study == argv[0] and again.overrides == overrides and again.num_cpus == 1 and again.resume
 
 
+def windows_study(tmp_path: Path, model: str, resources: str = "{cpu: 1}") -> Path:
+    """A one-point study on LastFM that trains ``model`` with the reference code's cloze windows."""
+    return write(tmp_path, f"""
+        name: windows-{model}
+        model: {model}
+        dataset: {{name: lastfm, source: {LASTFM}}}
+        fixed: {{cloze_window_step: 5}}
+        search: {{lr: {{grid: [0.001]}}}}
+        budget: {{num_samples: 1, max_epochs: 2}}
+        resources: {resources}
+        """, name=f"{model}.yaml")
+
+
 def test_cloze_window_step_needs_the_cloze_objective_and_whole_histories(tmp_path: Path,
                                                                          capsys: pytest.CaptureFixture) -> None:
-    causal = write(tmp_path, f"""
-        name: windows-causal
-        model: sasrec
-        dataset: {{name: lastfm, source: {LASTFM}}}
-        fixed: {{cloze_window_step: 5}}
-        search: {{lr: {{grid: [0.001]}}}}
-        budget: {{num_samples: 1, max_epochs: 2}}
-        """)
-    [error] = errors_of(capsys, [str(causal), "--dry-run"])
+    [error] = errors_of(capsys, [str(windows_study(tmp_path, "sasrec")), "--dry-run"])
     assert "fixed.cloze_window_step: applies to the cloze objective only" in error and "'causal'" in error
-    sharded = write(tmp_path, f"""
-        name: windows-sharded
-        model: bert4rec
-        dataset: {{name: lastfm, source: {LASTFM}}}
-        fixed: {{cloze_window_step: 5}}
-        search: {{lr: {{grid: [0.001]}}}}
-        budget: {{num_samples: 1, max_epochs: 2}}
-        resources: {{cpu: 1, workers_per_trial: 2}}
-        """, name="sharded.yaml")
+    sharded = windows_study(tmp_path, "bert4rec", "{cpu: 1, workers_per_trial: 2}")
     text = "\n".join(errors_of(capsys, [str(sharded), "--dry-run"]))
     assert "fixed.cloze_window_step: cuts every user's whole history into windows" in text
 

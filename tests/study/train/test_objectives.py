@@ -12,6 +12,7 @@ import torch
 import models
 from study.train.config import TrainConfig
 from study.train.objectives import history_prefix_windows, history_windows, objective_loss, resolve_objective
+from study.train.step import TrainStep
 from study.train.trainer import TrialData, epoch_windows
 
 
@@ -84,8 +85,6 @@ def test_history_windows_cover_every_training_item_once_or_more_on_lastfm(lastfm
 
 
 def test_cloze_window_step_is_refused_outside_cloze():
-    from study.train.step import TrainStep
-
     with pytest.raises(models.ConfigError, match="cloze_window_step"):
         TrainStep(models.build("sasrec", num_items=10, max_len=5), TrainConfig(cloze_window_step=2))
     assert TrainStep(models.build("bert4rec", num_items=10, max_len=5), TrainConfig(cloze_window_step=2))
