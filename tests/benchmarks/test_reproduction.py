@@ -110,15 +110,18 @@ def test_every_study_has_a_file_and_each_ablation_sits_beside_its_full_model() -
         assert (STUDY_DIR / f"{study}.yaml").is_file(), study
     assert set(ABLATIONS) == {"elastic-mean-query", "elastic-no-imr", "elastic-no-dispatcher", "lisa-base-w16",
                               "bert4rec-last-item-samples", "bert4rec-dropout05", "bert4rec-long", "sasrec-last",
-                              "bert4rec-sliding-windows"}
+                              "bert4rec-sliding-windows", "cotten4rec-sliding-windows"}
     for model, group in ABLATION_GROUPS.items():
         assert group[0] in MAIN_STUDIES and group[0].startswith(model.lower())  # the full model heads its table
 
 
-@pytest.mark.parametrize(("ablation", "key", "value"), [("bert4rec-last-item-samples", "cloze_last_item_samples", True),
-                                                   ("bert4rec-sliding-windows", "cloze_window_step", 5)])
-def test_a_bert4rec_ablation_differs_from_bert4rec_by_its_one_key(ablation: str, key: str, value: object) -> None:
-    main, _ = read_yaml(STUDY_DIR / "bert4rec.yaml")
+@pytest.mark.parametrize(("main_study", "ablation", "key", "value"), [
+    ("bert4rec", "bert4rec-last-item-samples", "cloze_last_item_samples", True),
+    ("bert4rec", "bert4rec-sliding-windows", "cloze_window_step", 5),
+    ("cotten4rec", "cotten4rec-sliding-windows", "cloze_window_step", 5)])
+def test_an_ablation_differs_from_its_full_model_by_its_one_key(main_study: str, ablation: str, key: str,
+                                                                value: object) -> None:
+    main, _ = read_yaml(STUDY_DIR / f"{main_study}.yaml")
     changed, _ = read_yaml(STUDY_DIR / f"{ablation}.yaml")
     assert key not in main["fixed"]  # the zoo's default: off
     assert changed["fixed"].pop(key) == value
