@@ -22,20 +22,22 @@ Choices stated explicitly:
   users' windows; ``cloze_copies`` (default 1) masks each window that many times per step, and
   ``cloze_last_item_samples`` (default off) adds one sample per window whose only mask is its newest item: the
   next-item query that evaluation asks. Both are BERT4Rec config keys, so they are recorded with the model's
-  settings in every result row (``config``). Which windows an epoch holds is a trainer key: each user's newest
-  one (default), or with ``cloze_window_step`` = n the reference code's windows over the whole training history,
-  their starts n items apart (its ``prop_sliding_window`` 0.1 gives n = 0.1 · max_len). On LastFM, where the
-  newest window holds half of the training items, they lifted test NDCG@10 from 0.54x SASRec's to 0.85x (five
-  seeds, docs/reproduction.md). They are not the default: on ml-100k they are untested, and every archived
-  BERT4Rec and Cotten4Rec study trained on the newest windows. The §3.6 samples stay off by default because they
-  cost accuracy: on ml-100k (mask probability 0.2, lr 1e-3) they lowered test NDCG@10 from 0.0499 to 0.0413, and
-  a higher mask probability won back only part of it (``benchmarks/results/validation_grid.md``).
-- Budget. A cloze epoch supervises only the masked ~``mask_prob`` share of each user's newest ``max_len`` items,
-  once, where causal CE supervises every position: at the same number of epochs BERT4Rec has seen several
+  settings in every result row (``config``). Which windows an epoch holds is a trainer key,
+  ``cloze_window_step``: by default the reference code's windows over each user's whole training history, their
+  starts 0.1 · max_len items apart (its ``prop_sliding_window`` 0.1), which the paper's "training sequences" are in
+  that code; 0 keeps each user's newest window only (what data-parallel and streamed studies hold). The newest
+  window holds 40 % of ml-100k's training items and half of LastFM's; the whole-history windows lifted test
+  NDCG@10 from 0.95x SASRec's to 1.15x on ml-100k and from 0.54x to 0.85x on LastFM (five seeds each,
+  docs/reproduction.md; every BERT4Rec study archived before 2026-11-27 trained on the newest windows and says so
+  in its file). The §3.6 samples stay off by default because they cost accuracy: on ml-100k (mask probability
+  0.2, lr 1e-3, newest windows) they lowered test NDCG@10 from 0.0499 to 0.0413, and a higher mask probability
+  won back only part of it (``benchmarks/results/validation_grid.md``).
+- Budget. A cloze epoch supervises only the masked ~``mask_prob`` share of its windows' items, where causal CE
+  supervises every position: at the same number of epochs BERT4Rec has seen several
   times fewer targets, and at ~15 epochs it stays near the popularity baseline. Train it with a large epoch
   budget and early stopping on validation NDCG@10 (``benchmarks/bert4rec_budget.py`` measures the epochs). On
-  ml-100k (windows of 50, lr 1e-3, batch 128, patience 50) its best validation epochs were 74-169 over five
-  seeds, SASRec's 21-38 (docs/reproduction.md).
+  ml-100k (windows of 50, lr 1e-3, batch 128, patience 50) its best validation epochs were 22-81 over five
+  seeds on the whole-history windows (74-169 on the newest ones), SASRec's 21-38 (docs/reproduction.md).
 - Objectives: ``cloze`` (default) and ``last`` (RecBole-style prefix CE, read through the same mask
   token). ``causal`` and ``bce`` train on every position at once and would leak future items through
   the bidirectional attention, so they are refused.

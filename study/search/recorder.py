@@ -33,11 +33,13 @@ from typing import Any
 import pandas as pd
 from ray.tune import Callback
 
+import models
 from study.analysis import pareto
 from study.analysis.runs import RECORDS_DIR, table_paths
 from study.search.console import WIDTH, abbreviations, fit
 from study.storage import Mirror
 from study.train.config import TrainConfig, split_settings
+from study.train.objectives import resolve_cloze_window_step
 from study.train.padding import trims_padding
 from study.train.results import json_safe, protocol_of
 
@@ -183,6 +185,11 @@ def build_row(context: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]
         if last.get("device"):  # what ran: the trainer resolves `auto` settings for its device
             train_cfg = replace(train_cfg, trim_padding=trims_padding(train_cfg.trim_padding, last["device"],
                                                                       train_cfg.compile))
+        if last.get("objective"):  # and the cloze windows for its objective and window length
+            max_len = {**context["model_defaults"], **hparams}.get(
+                "max_len", models.model_class(context["model"]).config_class.max_len)
+            train_cfg = replace(train_cfg, cloze_window_step=resolve_cloze_window_step(
+                last["objective"], train_cfg.cloze_window_step, max_len, context["model"]))
         config = {**context["model_defaults"], **hparams, **train_cfg.__dict__}
     except Exception:  # a trial can fail on its config; its row still records what was asked for
         train_cfg, config = TrainConfig(), dict(settings)

@@ -49,12 +49,12 @@ def check_combinations(study: Study, errors: ConfigErrors) -> None:
     The model declares its own constraints (heads divide hidden size, ELASTIC's K square ...), so this stays
     generic over the registry. ``num_items`` (and ``num_users``) are placeholders: the trainer sizes them from the data.
     """
-    from study.train.objectives import check_cloze_window_step, resolve_objective
+    from study.train.objectives import resolve_cloze_window_step, resolve_objective
 
     points, study.exhaustive_check = _points(study)
     study.checked_points = len(points)
     failures: dict[tuple[tuple, str], list[dict]] = {}
-    built: set[str] = set()
+    objectives: dict[str, str | None] = {}  # the objective of each distinct model config, None where it fails
     for point in points:
         settings = study.settings(point)
         try:
@@ -68,21 +68,32 @@ def check_combinations(study: Study, errors: ConfigErrors) -> None:
             errors.add(("protocol", "objective"), "objective last expands each user into a varying number of "
                                                   "prefix batches, which data-parallel workers cannot keep in step; "
                                                   "use workers_per_trial: 1")
-        if train_cfg.cloze_window_step and (study.resources.workers_per_trial > 1 or study.dataset["stream"]):
-            # like `last`, its windows come from every user's whole history, not from a worker's shard or a stream
-            errors.add(_home(study, "cloze_window_step"),
-                       "cuts every user's whole history into windows, which neither data-parallel workers nor a "
-                       "streamed dataset hold; use workers_per_trial: 1 and no stream")
-        identity = repr(sorted(hparams.items())) + train_cfg.objective + str(bool(train_cfg.cloze_window_step))
-        if identity not in built and len(built) < MAX_BUILT_MODELS:
-            built.add(identity)
-            try:
+        identity = repr(sorted(hparams.items())) + train_cfg.objective
+        if identity not in objectives and len(objectives) < MAX_BUILT_MODELS:
+            try:  # the objective may depend on the model's config (a causal mixer trains like SASRec)
                 model = models.build(study.model, **_data_placeholders(study.model), **hparams)
-                check_cloze_window_step(resolve_objective(model, train_cfg.objective), train_cfg.cloze_window_step,
-                                        study.model)
+                objectives[identity] = resolve_objective(model, train_cfg.objective)
             except ConfigError as error:
+                objectives[identity] = None
                 for key, message in error.errors:
                     failures.setdefault((_home(study, key), message), []).append(point)
+        objective = objectives.get(identity)
+        if objective is None:  # unknown (past MAX_BUILT_MODELS) or already reported
+            continue
+        max_len = hparams.get("max_len", models.model_class(study.model).config_class.max_len)
+        try:
+            step = resolve_cloze_window_step(objective, train_cfg.cloze_window_step, max_len, study.model)
+        except ConfigError as error:
+            for key, message in error.errors:
+                failures.setdefault((_home(study, key), message), []).append(point)
+            continue
+        if step and (study.resources.workers_per_trial > 1 or study.dataset["stream"]):
+            # like `last`, its windows come from every user's whole history, not from a worker's shard or a stream
+            given = f"{step}" if train_cfg.cloze_window_step else f"{step} (cloze's default, BERT4Rec's reference code)"
+            errors.add(_home(study, "cloze_window_step"),
+                       f"cloze_window_step {given} cuts every user's whole history into windows, which neither "
+                       "data-parallel workers nor a streamed dataset hold; set cloze_window_step: 0 (each user's "
+                       "newest window) or use workers_per_trial: 1 and no stream")
     shown_per_key: dict[tuple, int] = {}
     for (path, message), failing in failures.items():
         shown_per_key[path] = shown_per_key.get(path, 0) + 1

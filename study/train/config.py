@@ -37,9 +37,10 @@ class TrainConfig:
     mask_history: bool = False  # RecBole's default: history items stay rankable
     mask_prob: float = 0.2  # cloze only; BERT4Rec uses 0.2 on MovieLens, 0.6 on Beauty
     prefixes_per_user: int = 0  # `last` only: 0 = every prefix (RecBole's augmentation), n = n random ones
-    # `cloze` only: 0 = each user's newest window; n = windows over the whole training history whose starts are n
-    # items apart (BERT4Rec's reference code: 0.1 x max_len), see study.train.objectives.history_windows
-    cloze_window_step: int = 0
+    # `cloze` only: windows over the whole training history whose starts are n items apart; None (`auto`) = BERT4Rec's
+    # reference code, 0.1 x max_len; 0 = each user's newest window only, which data-parallel workers and streamed
+    # datasets need (they hold no whole histories). See study.train.objectives.resolve_cloze_window_step
+    cloze_window_step: int | None = None
     # `sampled_ce` only (training negatives; num_negatives/negative_sampler above are the *evaluation* protocol's)
     train_negatives: int = 256  # eSASRec's SS-256
     train_negative_sampler: str = "uniform"  # uniform or popularity, always with the logQ correction
@@ -93,7 +94,7 @@ class TrainConfig:
             if getattr(self, key) < 1:
                 errors.append((key, f"must be >= 1, got {getattr(self, key)}"))
         for key in ("prefixes_per_user", "cloze_window_step", "patience", "num_threads"):
-            if getattr(self, key) < 0:
+            if (getattr(self, key) or 0) < 0:
                 errors.append((key, f"must be >= 0, got {getattr(self, key)}"))
         if self.lr <= 0:
             errors.append(("lr", f"must be > 0, got {self.lr}"))

@@ -5,8 +5,9 @@ A window's last column is the newest item. The objectives read it differently:
   Efficient, and correct only for causal models.
 - ``last``: CE at the last position only (input = window[:, :-1], target = window[:, -1]). Windows are
   prefixes of whole user histories, produced by :func:`history_prefix_windows`, RecBole's augmentation.
-- ``cloze``: BERT4Rec's masked-item CE over the newest L items. Windows are each user's newest one or, with
-  ``cloze_window_step``, windows over the whole history from :func:`history_windows` (BERT4Rec's code).
+- ``cloze``: BERT4Rec's masked-item CE over the newest L items. Windows cover each user's whole history, their
+  starts ``cloze_window_step`` items apart (by default 0.1 x L, as BERT4Rec's code), from :func:`history_windows`;
+  with ``cloze_window_step`` 0, each user's newest window only.
 - ``bce``: the original SASRec loss, one uniformly sampled negative per position.
 - ``sampled_ce``: sampled softmax with the logQ correction at every position (like ``causal``), against
   ``train_negatives`` negatives drawn ``uniform``-ly or by ``popularity`` (gSASRec/eSASRec, Petrov & Macdonald).
@@ -54,11 +55,18 @@ def resolve_objective(model: SeqRecModel, objective: str) -> str:
     return chosen
 
 
-def check_cloze_window_step(objective: str, cloze_window_step: int, model_name: str) -> None:
-    """``cloze_window_step`` changes the cloze task's windows only: with another objective it would be ignored."""
-    if cloze_window_step and objective != "cloze":
-        raise ConfigError([("cloze_window_step", f"applies to the cloze objective only; this trial trains "
-                                                 f"{model_name} with {objective!r}")])
+def resolve_cloze_window_step(objective: str, cloze_window_step: int | None, max_len: int, model_name: str) -> int:
+    """The step between the starts of a trial's cloze windows (0: each user's newest window only).
+
+    ``None`` (the default) is BERT4Rec's reference code under ``cloze``: its ``prop_sliding_window`` 0.1 puts the
+    starts 0.1 x max_len items apart (rounded down, at least 1). Other objectives have no windows to cut (0).
+    A step given with another objective is a config error: it would be ignored."""
+    if objective != "cloze":
+        if cloze_window_step:
+            raise ConfigError([("cloze_window_step", f"applies to the cloze objective only; this trial trains "
+                                                     f"{model_name} with {objective!r}")])
+        return 0
+    return max(1, max_len // 10) if cloze_window_step is None else cloze_window_step
 
 
 def _full_softmax_ce(hidden: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

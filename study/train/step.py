@@ -15,7 +15,7 @@ import torch
 import models
 from models import SeqRecModel
 from study.train.config import PRECISIONS, TrainConfig
-from study.train.objectives import NegativeSampler, check_cloze_window_step, objective_loss, resolve_objective
+from study.train.objectives import NegativeSampler, objective_loss, resolve_cloze_window_step, resolve_objective
 from study.train.padding import trims_padding
 
 
@@ -46,9 +46,12 @@ class TrainStep:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {train.precision!r}")
         self.model = model
         device = next(model.parameters()).device
-        self.train = dataclasses.replace(train, trim_padding=trims_padding(train.trim_padding, device, train.compile))
         self.objective = resolve_objective(model, train.objective)
-        check_cloze_window_step(self.objective, train.cloze_window_step, model.name)
+        # the settings this step runs with, `auto` ones resolved (the trainer records these)
+        self.train = dataclasses.replace(
+            train, trim_padding=trims_padding(train.trim_padding, device, train.compile),
+            cloze_window_step=resolve_cloze_window_step(self.objective, train.cloze_window_step, model.config.max_len,
+                                                        model.name))
         self.optimizer = torch.optim.Adam(model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
         # the cloze mask and the negatives draw from their own generator, so batches do not shift the model's RNG
         self.generator = torch.Generator().manual_seed(train.seed)

@@ -37,7 +37,12 @@ from study.train.config import (
 )
 from study.train.cost import EpochCost, estimate_epoch
 from study.train.metrics import EvalSplit, NonFiniteScores, evaluate, popularity_metrics, sample_negatives
-from study.train.objectives import history_prefix_windows, history_windows, resolve_objective
+from study.train.objectives import (
+    history_prefix_windows,
+    history_windows,
+    resolve_cloze_window_step,
+    resolve_objective,
+)
 from study.train.padding import trims_padding
 from study.train.results import make_result, to_json_line
 from study.train.state import TrainingState, capture_rng, model_identity, restore_rng
@@ -169,9 +174,10 @@ def epoch_windows(data: TrialData, users: Iterable[Batch | np.ndarray], objectiv
                   rng: np.random.Generator) -> Iterator[Batch]:
     """One epoch's training batches as ``(windows, user ids or None)``. Most objectives train on the user windows
     as they come (a source without user ids, such as a Ray Data shard, yields bare windows). ``last``, and
-    ``cloze`` with a ``cloze_window_step``, build their windows from every user's whole training history, which
-    every trial holds in ``data`` (the validation split's histories end right before the validation target), so
-    they never read ``users``.
+    ``cloze`` with a non-zero ``cloze_window_step`` (``train_cfg`` holds resolved settings: ``None`` is cloze's
+    default, not 0), build their windows from every user's whole training history, which every trial holds in
+    ``data`` (the validation split's histories end right before the validation target), so they never read
+    ``users``.
     """
     histories = data.valid
     max_len = data.train.shape[1] - 1
@@ -217,6 +223,12 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
     kernels.reset_backend_record()  # the row's kernel_path names this trial's kernels, not an earlier trial's
     step = TrainStep(model, train_cfg, item_popularity=data.item_popularity)
     objective = step.objective
+    train_cfg = replace(train_cfg, cloze_window_step=step.train.cloze_window_step)  # the row records what ran
+    if train_batches is not None and (objective == "last" or train_cfg.cloze_window_step):
+        # the sweep refuses these studies; a direct call would silently train every worker on every user
+        raise UserError(f"objective {objective!r} with cloze_window_step {train_cfg.cloze_window_step} trains on "
+                        "windows of every user's whole history, not on the batches train_batches gives "
+                        "(set cloze_window_step: 0 to train cloze on those)")
     rng = np.random.default_rng(train_cfg.seed)
 
     negatives = {}
@@ -372,7 +384,10 @@ def epoch_cost(step: TrainStep, data: TrialData, train_cfg: TrainConfig, device:
 def efficiency_figures(model_name: str, model_hparams: dict, train_cfg: TrainConfig, data: TrialData,
                         model: SeqRecModel, device: torch.device) -> dict:
     windows = user_batches(data.train, train_cfg.batch_size, np.random.default_rng(0))
-    settings = {**asdict(train_cfg), "objective": resolve_objective(model, train_cfg.objective)}
+    objective = resolve_objective(model, train_cfg.objective)
+    train_cfg = replace(train_cfg, cloze_window_step=resolve_cloze_window_step(
+        objective, train_cfg.cloze_window_step, model.config.max_len, model_name))
+    settings = {**asdict(train_cfg), "objective": objective}
     batch, users = next(epoch_windows(data, windows, settings["objective"], train_cfg, np.random.default_rng(0)))
     try:
         threads = train_cfg.num_threads or torch.get_num_threads()

@@ -238,17 +238,18 @@ def test_ctrl_c_names_the_resume_command_with_the_overrides_that_locate_the_run(
     assert again.study == argv[0] and again.overrides == overrides and again.num_cpus == 1 and again.resume
 
 
-def windows_study(tmp_path: Path, model: str, resources: str = "{cpu: 1}") -> Path:
+def windows_study(tmp_path: Path, model: str, resources: str = "{cpu: 1}", fixed: str = "{cloze_window_step: 5}",
+                  name: str = "") -> Path:
     """A one-point study on LastFM that trains ``model`` with the reference code's cloze windows."""
     return write(tmp_path, f"""
         name: windows-{model}
         model: {model}
         dataset: {{name: lastfm, source: {LASTFM}}}
-        fixed: {{cloze_window_step: 5}}
+        fixed: {fixed}
         search: {{lr: {{grid: [0.001]}}}}
         budget: {{num_samples: 1, max_epochs: 2}}
         resources: {resources}
-        """, name=f"{model}.yaml")
+        """, name=f"{name or model}.yaml")
 
 
 def test_cloze_window_step_needs_the_cloze_objective_and_whole_histories(tmp_path: Path,
@@ -257,7 +258,19 @@ def test_cloze_window_step_needs_the_cloze_objective_and_whole_histories(tmp_pat
     assert "fixed.cloze_window_step: applies to the cloze objective only" in error and "'causal'" in error
     sharded = windows_study(tmp_path, "bert4rec", "{cpu: 1, workers_per_trial: 2}")
     text = "\n".join(errors_of(capsys, [str(sharded), "--dry-run"]))
-    assert "fixed.cloze_window_step: cuts every user's whole history into windows" in text
+    assert "fixed.cloze_window_step: cloze_window_step 5 cuts every user's whole history into windows" in text
+
+
+def test_data_parallel_cloze_must_choose_the_newest_windows(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    sharded = "{cpu: 1, workers_per_trial: 2}"
+    default = windows_study(tmp_path, "bert4rec", sharded, fixed="{}", name="default")
+    text = "\n".join(errors_of(capsys, [str(default), "--dry-run"]))
+    assert "cloze_window_step 20 (cloze's default, BERT4Rec's reference code)" in text  # 0.1 x max_len 200
+    assert "set cloze_window_step: 0" in text
+    newest = windows_study(tmp_path, "bert4rec", sharded, fixed="{cloze_window_step: 0}", name="newest")
+    assert main([str(newest), "--dry-run"]) == 0
+    causal = windows_study(tmp_path, "sasrec", sharded, fixed="{}", name="causal")  # no cloze, nothing to choose
+    assert main([str(causal), "--dry-run"]) == 0
 
 
 def test_a_searched_cloze_window_step_is_checked_at_each_value(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -97,6 +97,25 @@ def test_cloze_with_sliding_windows_trains_and_records_its_step(synthetic):
     assert counts[4] > counts[0]  # the histories longer than the 20-item windows give more than one
 
 
+def test_cloze_trains_on_the_reference_code_windows_by_default_and_records_the_step(synthetic):
+    default = run_trial("bert4rec", synthetic, {**QUICK, "max_epochs": 1})
+    assert default["config"]["cloze_window_step"] == 2  # 0.1 x max_len 20
+    assert split_settings("bert4rec", {"cloze_window_step": "auto"})[0].cloze_window_step is None  # = the default
+    assert run_trial("sasrec", synthetic, {**QUICK, "max_epochs": 1})["config"]["cloze_window_step"] == 0
+    explicit = run_trial("bert4rec", synthetic, {**QUICK, "max_epochs": 1, "cloze_window_step": 2})
+    assert explicit["test_ndcg@10"] == default["test_ndcg@10"]  # the default is that step, nothing else
+
+
+def test_a_trial_fed_batches_refuses_the_whole_history_windows(synthetic):
+    def shard(epoch: int):
+        return user_batches(synthetic.train, 64, np.random.default_rng(epoch))
+
+    with pytest.raises(UserError, match="set cloze_window_step: 0"):
+        run_trial("bert4rec", synthetic, {**QUICK, "max_epochs": 1}, train_batches=shard)
+    result = run_trial("bert4rec", synthetic, {**QUICK, "max_epochs": 1, "cloze_window_step": 0}, train_batches=shard)
+    assert result["status"] == "ok" and result["config"]["cloze_window_step"] == 0
+
+
 def test_the_popularity_baseline_follows_the_history_masking(synthetic):
     for masked in (False, True):
         result = run_trial("sasrec", synthetic, {**QUICK, "max_epochs": 1, "mask_history": masked})
