@@ -63,7 +63,7 @@ from study.analysis.runs import ENVIRONMENT_FILE, HISTORY_FILE, STUDY_FILE, TRIA
 from study.cli import EXIT_INTERRUPTED
 from study.data import prepare
 from study.errors import UserError
-from study.search.recorder import PARTIAL_HISTORY_SUFFIX
+from study.search.records import PARTIAL_HISTORY_SUFFIX
 from study.spec.yaml_io import read_yaml
 
 REPO = Path(__file__).resolve().parents[1]

@@ -90,7 +90,7 @@ def select_configurations(path: str | Path, select: str, objectives: dict[str, s
 def _trial_point(results_path: Path, trials: pd.DataFrame, trial_id: str, searched: list[str]) -> dict[str, Any]:
     """The config Tune gave the source trial (its searched values), from its record, else from its row."""
     from study.analysis.runs import RECORDS_DIR, parse_config
-    from study.search.recorder import record_path
+    from study.search.records import record_path
 
     record = record_path(results_path / RECORDS_DIR, trial_id)
     if record.is_file():
@@ -150,7 +150,7 @@ def merge_batch(path: Path, batch: Path, plan: list[dict[str, Any]]) -> pd.DataF
     import pandas as pd
 
     from study.analysis.runs import REPLICATES_CSV_FILE, REPLICATES_FILE, TRIALS_FILE, config_id
-    from study.search.recorder import atomic_write
+    from study.search.records import atomic_write
 
     rows = pd.read_parquet(batch / TRIALS_FILE) if (batch / TRIALS_FILE).is_file() else pd.DataFrame()
     by_key = {(entry["config_id"], int(entry["seed"])): entry for entry in plan}

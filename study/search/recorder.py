@@ -13,16 +13,14 @@
   replaces the line it had.
 
 Every file is written to a temporary name in the same folder, then ``os.replace``d into place, so a reader (or a
-crash) never sees half a file. :class:`SweepRecorder` is the Tune callback on the driver that writes them.
+crash) never sees half a file (:mod:`study.search.records` reads and writes the files of ``trials/``).
+:class:`SweepRecorder` is the Tune callback on the driver that writes them.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import math
-import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -37,6 +35,14 @@ import models
 from study.analysis import pareto
 from study.analysis.runs import RECORDS_DIR, table_paths
 from study.search.console import WIDTH, abbreviations, fit
+from study.search.records import (
+    append_history,
+    atomic_write,
+    partial_history_path,
+    read_partial_histories,
+    read_records,
+    write_record,
+)
 from study.storage import Mirror
 from study.train.config import TrainConfig, split_settings
 from study.train.objectives import resolve_cloze_window_step
@@ -52,93 +58,12 @@ LOST_PROCESS_ERRORS = frozenset({"ActorDiedError", "ActorUnavailableError", "Ray
                                  "NodeDiedError", "OwnerDiedError", "LocalRayletDiedError"})
 
 
-def atomic_write(path: Path, write: Callable[[io.BufferedWriter], None]) -> None:
-    """Write through ``write(file)`` into a temporary sibling, fsync, then rename over ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as out:
-            write(out)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write(path, lambda out: out.write(text.encode()))
-
-
 def is_epoch_key(key: str) -> bool:
     return key in EPOCH_KEYS or key.startswith(("valid_", "best_valid_", "test_"))
 
 
 def history_row(result: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in result.items() if is_epoch_key(k)}
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Records
-
-
-def record_path(records_dir: Path, trial_id: str) -> Path:
-    return Path(records_dir) / f"{trial_id}.json"
-
-
-PARTIAL_HISTORY_SUFFIX = ".history.jsonl"
-
-
-def partial_history_path(records_dir: Path, trial_id: str) -> Path:
-    return Path(records_dir) / f"{trial_id}{PARTIAL_HISTORY_SUFFIX}"
-
-
-def append_history(history: list[dict[str, Any]], row: dict[str, Any]) -> list[dict[str, Any]]:
-    """``history`` with ``row`` added; an epoch that runs again (resumed from an earlier checkpoint) replaces the
-    rows from that epoch on, so no epoch appears twice."""
-    epoch = row.get("epoch")
-    kept = [r for r in history if epoch is None or r.get("epoch") is None or r["epoch"] < epoch]
-    return [*kept, row]
-
-
-def read_partial_histories(records_dir: Path) -> dict[str, list[dict[str, Any]]]:
-    """The epochs of every trial that was running when the sweep stopped (see the module docstring)."""
-    histories: dict[str, list[dict[str, Any]]] = {}
-    if Path(records_dir).is_dir():
-        for path in sorted(Path(records_dir).glob(f"*{PARTIAL_HISTORY_SUFFIX}")):
-            rows: list[dict[str, Any]] = []
-            for line in path.read_text().splitlines():
-                try:
-                    rows = append_history(rows, json.loads(line))
-                except json.JSONDecodeError:
-                    break  # a line cut by the kill: everything before it is whole
-            histories[path.name[:-len(PARTIAL_HISTORY_SUFFIX)]] = rows
-    return histories
-
-
-def read_record(records_dir: str | Path, trial_id: str) -> dict[str, Any] | None:
-    path = record_path(Path(records_dir), trial_id)
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-def write_record(records_dir: Path, record: dict[str, Any]) -> None:
-    atomic_write_text(record_path(records_dir, record["trial_id"]), json.dumps(json_safe(record), indent=1) + "\n")
-
-
-def read_records(records_dir: Path) -> dict[str, dict[str, Any]]:
-    records = {}
-    if records_dir.is_dir():
-        for path in sorted(records_dir.glob("*.json")):
-            try:
-                record = json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError):
-                continue  # only complete files exist under their final name; anything else is not ours
-            records[record["trial_id"]] = record
-    return records
 
 
 def lost_process(record: dict[str, Any]) -> bool:

@@ -36,7 +36,8 @@ from study.errors import UserError
 from study.search.console import StatusReporter
 from study.search.dashboards import OptunaDashboard
 from study.search.data_parallel import data_parallel_trial
-from study.search.recorder import SweepRecorder, atomic_write_text, build_row, read_records, summary, write_tables
+from study.search.recorder import SweepRecorder, build_row, summary, write_tables
+from study.search.records import atomic_write_text, read_records
 from study.search.searcher import StudySearch, close_orphans, make_scheduler, make_searcher, points_space
 from study.search.tracking import tracking_callbacks
 from study.search.trial import MODELS_DIR, TrialPlan, sweep_trial, tune_key

@@ -216,14 +216,13 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
     if train_cfg.num_threads:
         torch.set_num_threads(train_cfg.num_threads)
     device = resolve_device(train_cfg.device)
-    train_cfg = replace(train_cfg, trim_padding=trims_padding(train_cfg.trim_padding, device, train_cfg.compile))
     seed_everything(train_cfg.seed)
 
     model = models.build(model_name, **model_hparams).to(device)
     kernels.reset_backend_record()  # the row's kernel_path names this trial's kernels, not an earlier trial's
     step = TrainStep(model, train_cfg, item_popularity=data.item_popularity)
     objective = step.objective
-    train_cfg = replace(train_cfg, cloze_window_step=step.train.cloze_window_step)  # the row records what ran
+    train_cfg = step.train  # its `auto` settings resolved (padding trim, cloze windows): the row records what ran
     if train_batches is not None and (objective == "last" or train_cfg.cloze_window_step):
         # the sweep refuses these studies; a direct call would silently train every worker on every user
         raise UserError(f"objective {objective!r} with cloze_window_step {train_cfg.cloze_window_step} trains on "

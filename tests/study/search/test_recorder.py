@@ -13,7 +13,8 @@ import pytest
 
 import models
 from study.search import recorder as recorder_module
-from study.search.recorder import SweepRecorder, TableWriter, read_records
+from study.search.recorder import SweepRecorder, TableWriter
+from study.search.records import read_records
 
 
 def _recorder(tmp_path: Path) -> SweepRecorder:

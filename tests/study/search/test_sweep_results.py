@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from study.search.recorder import atomic_write, atomic_write_text, stop_reason
+from study.search.recorder import stop_reason
+from study.search.records import atomic_write, atomic_write_text
 from study.search.trial import as_windows, keep_trainable, tune_key
 
 

@@ -365,7 +365,7 @@ def test_a_two_worker_sweep_on_ml100k_trains_every_window_once_per_epoch_on_disj
     import numpy as np
 
     from study.data import prepare
-    from study.search.recorder import read_records
+    from study.search.records import read_records
     from study.search.runner import run_study
     from study.spec.sweep import load_study
     from study.train.trainer import TrialData
