@@ -22,7 +22,7 @@ import torch
 import models
 from study.data import prepare
 from study.train.metrics import evaluate
-from study.train.trainer import TrialData, run_trial
+from study.train.trainer import EpochReport, TrialData, run_trial
 
 RECBOLE_16_MIN_NDCG = 0.041
 
@@ -33,7 +33,7 @@ def sasrec_ml100k(source: str | None, seeds: int, threads: int, max_epochs: int)
     for seed in range(seeds):
         crossed: list[float] = []
 
-        def watch(report, crossed=crossed):
+        def watch(report: EpochReport, crossed: list[float] = crossed) -> None:
             if not crossed and report.best_test.get("ndcg@10", 0.0) > RECBOLE_16_MIN_NDCG:
                 crossed.append(report.wall_time_s)
 

@@ -41,12 +41,16 @@ LISA_DECAY = math.exp(-0.1)
 CPU_QUADRATIC_BUDGET_GIB = 3.0
 
 
+# builds one case's inputs and returns (fn, the inputs whose gradients the backward computes)
+CaseFactory = Callable[[], tuple[Callable[[], torch.Tensor], tuple[torch.Tensor, ...]]]
+
+
 @dataclass
 class Case:
     op: str
     path: str
     shape: str
-    make: Callable[[], tuple]  # -> (fn, inputs_requiring_grad)
+    make: CaseFactory
 
 
 def _sync(device: torch.device) -> None:
@@ -94,14 +98,14 @@ def _cases(N: int, B: int, device: torch.device, dtype: torch.dtype, triton_ok: 
     n_pad = [N // 4 if b % 2 else 0 for b in range(B)]
     cases: list[Case] = []
 
-    def cosine(path):
+    def cosine(path: str) -> CaseFactory:
         def make():
             q, k, v, mask, m = cosine_inputs(B, 2, N, 32, dtype=dtype, device=device, n_pad=n_pad)
             return (lambda: kernels.cosine_attention(q, k, v, mask, m, backend=path)), (q, k, v, m)
 
         return make
 
-    def linear(path):
+    def linear(path: str) -> CaseFactory:
         def make():
             raw = linear_inputs(B, 4, N, 16, dtype=dtype, device=device, n_pad=n_pad)
 
@@ -113,7 +117,7 @@ def _cases(N: int, B: int, device: torch.device, dtype: torch.dtype, triton_ok: 
 
         return make
 
-    def lisa(path):
+    def lisa(path: str) -> CaseFactory:
         def make():
             assign, codes, table, values, _ = histogram_inputs(
                 B, N, 8, 32, 128, dtype=dtype, device=device, n_pad=n_pad
@@ -128,7 +132,7 @@ def _cases(N: int, B: int, device: torch.device, dtype: torch.dtype, triton_ok: 
 
         return make
 
-    def sdpa(backend, causal):
+    def sdpa(backend: str, causal: bool) -> CaseFactory:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         which = {"flash": SDPBackend.FLASH_ATTENTION, "math": SDPBackend.MATH}[backend]

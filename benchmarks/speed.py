@@ -57,6 +57,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,6 +73,7 @@ from study.train.trainer import EpochReport, TrialData, run_trial, user_batches
 
 TARGET_NDCG = 0.041
 CPU = torch.device("cpu")
+StepFn = Callable[[torch.Tensor], torch.Tensor]  # one training step over a batch of windows; returns its loss
 
 
 @dataclass
@@ -123,7 +125,7 @@ def matmul_peak_gflops(threads: int, device: torch.device = CPU, dtype: torch.dt
 class Row:
     """One in-process implementation: a step function over the epoch's batches, timed per round."""
 
-    def __init__(self, label: str, step, shape: Shape, data: TrialData, batch_size: int, steps: int, seed: int,
+    def __init__(self, label: str, step: StepFn, shape: Shape, data: TrialData, batch_size: int, steps: int, seed: int,
                  device: torch.device = CPU):
         self.label, self.step, self.shape, self.device = label, step, shape, device
         self.batches = [w for w, _ in user_batches(data.train, batch_size, np.random.default_rng(seed))]
@@ -145,7 +147,7 @@ class Row:
 
 
 def our_step(data: TrialData, args: argparse.Namespace, pmixer_config: bool = False, compile_model: bool = False,
-             precision: str = "fp32"):
+             precision: str = "fp32") -> tuple[StepFn, Shape]:
     torch.manual_seed(args.seed)
     hparams = dict(num_items=data.num_items, max_len=args.max_len, dropout=args.dropout, attn_dropout=args.dropout)
     objective = "causal"
@@ -168,7 +170,7 @@ def per_layer_mask(valid: torch.Tensor, causal: bool, additive: bool = False) ->
     return torch.where(mask, 0.0, float("-inf")) if additive else mask
 
 
-def before_step(data: TrialData, args: argparse.Namespace):
+def before_step(data: TrialData, args: argparse.Namespace) -> tuple[StepFn, Shape]:
     """Ours as it was before the mask was built once per forward (the same weights, seed and results)."""
     step, shape = our_step(data, args)
 
@@ -182,7 +184,7 @@ def before_step(data: TrialData, args: argparse.Namespace):
     return run, shape
 
 
-def plain_step(data: TrialData, args: argparse.Namespace):
+def plain_step(data: TrialData, args: argparse.Namespace) -> tuple[StepFn, Shape]:
     torch.manual_seed(args.seed)
     model = PlainSASRec(data.num_items, args.max_len, dropout=args.dropout).to(args.device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)

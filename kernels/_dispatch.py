@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -106,7 +107,7 @@ def reset_backend_record() -> None:
     _LAST_BACKEND.clear()
 
 
-def dispatch(op: str, tensor: torch.Tensor, backend: str | None, check_triton) -> Backend:
+def dispatch(op: str, tensor: torch.Tensor, backend: str | None, check_triton: Callable[[], None]) -> Backend:
     """Resolve the backend for one call of ``op`` and record it.
 
     ``check_triton()`` raises :class:`UnsupportedByTriton` (a ``ValueError``) when the Triton kernels cannot

@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 
-def left_padding_mask(batch: int, seq_len: int, n_pad: list[int] | None = None, device=None) -> torch.Tensor:
+def left_padding_mask(batch: int, seq_len: int, n_pad: list[int] | None = None,
+                      device: torch.device | str | None = None) -> torch.Tensor:
     """(B, N) bool, True = real item; row b has ``n_pad[b]`` padded positions on the left."""
     if n_pad is None:
         n_pad = [(b * seq_len) // (2 * max(batch, 1)) for b in range(batch)]  # 0, N/4, ... padded
@@ -18,7 +19,9 @@ def left_padding_mask(batch: int, seq_len: int, n_pad: list[int] | None = None, 
     return pos[None, :] >= torch.tensor(n_pad, device=device)[:, None]
 
 
-def cosine_inputs(B, H, N, d, dv=None, dtype=torch.float32, device=None, n_pad=None, requires_grad=True):
+def cosine_inputs(B: int, H: int, N: int, d: int, dv: int | None = None, dtype: torch.dtype = torch.float32,
+                  device: torch.device | str | None = None, n_pad: list[int] | None = None,
+                  requires_grad: bool = True) -> tuple[torch.Tensor, ...]:
     """Raw q, k, v (B, H, N, d/dv), mask (B, N) and m (H,) for :func:`kernels.cosine_attention`."""
     dv = d if dv is None else dv
     q = torch.randn(B, H, N, d, device=device, dtype=dtype)
@@ -32,7 +35,9 @@ def cosine_inputs(B, H, N, d, dv=None, dtype=torch.float32, device=None, n_pad=N
     return q, k, v, mask, m
 
 
-def linear_inputs(B, H, N, d, dv=None, dtype=torch.float32, device=None, n_pad=None, requires_grad=True):
+def linear_inputs(B: int, H: int, N: int, d: int, dv: int | None = None, dtype: torch.dtype = torch.float32,
+                  device: torch.device | str | None = None, n_pad: list[int] | None = None,
+                  requires_grad: bool = True) -> tuple[torch.Tensor, ...]:
     """Raw projections (q, k, v) and the padding mask; :func:`feature_map` turns them into kernel inputs."""
     dv = d if dv is None else dv
     q = torch.randn(B, H, N, d, device=device, dtype=dtype)
@@ -44,16 +49,18 @@ def linear_inputs(B, H, N, d, dv=None, dtype=torch.float32, device=None, n_pad=N
     return q, k, v, left_padding_mask(B, N, n_pad, device)
 
 
-def feature_map(q, k, v, mask):
+def feature_map(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """RecGRELA's caller side: ELU+1 features, k and v zeroed at (left) padding."""
     keep = mask[:, None, :, None].to(v.dtype)
     return F.elu(q) + 1, (F.elu(k) + 1) * keep, v * keep
 
 
 def histogram_inputs(
-    B, N, C, W, D, dtype=torch.float32, device=None, n_pad=None, soft=False, temperature=0.7,
-    requires_grad=True,
-):
+    B: int, N: int, C: int, W: int, D: int, dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None, n_pad: list[int] | None = None, soft: bool = False,
+    temperature: float = 0.7, requires_grad: bool = True,
+) -> tuple[torch.Tensor, ...]:
     """LISA inputs: straight-through one-hot (or softmax) assignments zeroed at padding, hard query codes,
     a logit table and value codewords.  Returns (assign, query_codes, logits_table, values, mask); assign is
     a leaf (gradients are read from it directly)."""

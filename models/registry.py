@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from models.base import ModelConfig, SeqRecModel
@@ -20,7 +21,7 @@ class ConfigError(ValueError):
         super().__init__("; ".join(f"{prefix}{key}: {message}" for key, message in errors))
 
 
-def register(name: str):
+def register(name: str) -> Callable[[ModelT], ModelT]:
     def decorator(cls: ModelT) -> ModelT:
         if name in _MODELS:
             raise RuntimeError(f"model {name!r} registered twice")

@@ -40,7 +40,7 @@ __all__ = [
 OP = "causal_linear_attention"
 
 
-def _validate(q, k, v, rope, eps) -> None:
+def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: bool, eps: float) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_float(name, t)
     check_ndim("q", q, 4, "(B, H, N, d)")

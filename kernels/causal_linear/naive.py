@@ -51,7 +51,8 @@ def apply_rope(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
     return torch.stack((xe * cos - xo * sin, xe * sin + xo * cos), dim=-1).flatten(-2).to(x.dtype)
 
 
-def _prepare(q, k, v, rope, rope_base):
+def _prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: bool,
+             rope_base: float) -> tuple[torch.Tensor, ...]:
     dt = _compute_dtype(v)
     q, k, v = q.to(dt), k.to(dt), v.to(dt)
     if rope:

@@ -39,7 +39,8 @@ MAX_TRITON_W = 256
 MAX_TRITON_D = 256
 
 
-def _validate(assign, query_codes, logits_table, values, decay) -> None:
+def _validate(assign: torch.Tensor, query_codes: torch.Tensor, logits_table: torch.Tensor, values: torch.Tensor,
+              decay: float | None) -> None:
     for name, t in (("assign", assign), ("logits_table", logits_table), ("values", values)):
         check_float(name, t)
     check_ndim("assign", assign, 4, "(B, N, C, W)")
