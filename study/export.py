@@ -86,22 +86,11 @@ def find_best_model(study_dir: Path, trial_id: str) -> tuple[dict[str, torch.Ten
 def prepared_dataset(study: dict[str, Any], identity: dict[str, Any], max_len: int) -> Path:
     """The prepared dataset the model was trained on: the cached copy with its content hash, or prepared again
     from the study's dataset section (its source), which must give the same content hash."""
-    from study.data import prepare
-    from study.data.cache import prepared_root
+    from study.data import prepared_copy
 
-    name, content_hash = identity.get("name"), identity.get("content_hash")
-    if not name or not content_hash:
-        raise UserError("the model records no dataset identity (name, content_hash); it cannot be exported")
-    path = prepared_root() / f"{name}-{content_hash[:12]}"
-    if not (path / "meta.json").is_file():
-        dataset = dict(study.get("dataset") or {"name": name})
-        path = prepare(name, source=dataset.get("source"), max_len=max_len, kcore=dataset.get("kcore"),
-                       progress=False, **dict(dataset.get("options") or {}))
-    meta = json.loads((path / "meta.json").read_text())
-    if meta.get("content_hash") != content_hash:
-        raise UserError(f"{path} holds {name} with content hash {meta.get('content_hash')}, but the model was trained "
-                        f"on {content_hash}: the source changed since the study ran")
-    return path
+    dataset = dict(study.get("dataset") or {})
+    return prepared_copy(identity, max_len, source=dataset.get("source"), kcore=dataset.get("kcore"),
+                         **dict(dataset.get("options") or {}))
 
 
 def export_model(study_dir: str | Path, out: str | Path, trial: str | None = None) -> Path:

@@ -4,6 +4,7 @@ Public API::
 
     prepare(name, *, source=None, max_len=200, kcore=None, force=False, progress=True, engine="auto",
             **options) -> Path
+    prepared_copy(identity, max_len, *, source=None, kcore=None, **options) -> Path  (a trial's dataset, by hash)
     load_prepared(path) -> PreparedDataset
     item_popularity(ds, split="train") -> np.ndarray
     raw_items(path) -> np.ndarray  (the source's item id of each model item id)
@@ -29,7 +30,7 @@ Command line: ``python -m study.data prepare NAME ...`` and ``python -m study.da
 
 from study.data.cache import FORMAT_VERSION, cache_dir, list_prepared
 from study.data.dataset import PreparedDataset, item_popularity, load_prepared, raw_items
-from study.data.pipeline import prepare
+from study.data.pipeline import prepare, prepared_copy
 from study.data.recipes import DEFAULT_RECIPE, RECIPES, Recipe, get_recipe
 
 __all__ = [
@@ -44,5 +45,6 @@ __all__ = [
     "list_prepared",
     "load_prepared",
     "prepare",
+    "prepared_copy",
     "raw_items",
 ]

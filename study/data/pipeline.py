@@ -278,3 +278,22 @@ def prepare(
         shutil.rmtree(tmp, ignore_errors=True)  # no-op after a successful rename
     _say(progress, f"wrote {final}")
     return final
+
+
+def prepared_copy(identity: dict[str, Any], max_len: int, *, source: str | os.PathLike[str] | None = None,
+                  kcore: int | None = None, progress: bool = False, **options: Any) -> Path:
+    """The prepared dataset a trial trained on, found by the identity its training state or exported model
+    records (``name`` and ``content_hash``): the cached copy, widened to ``max_len`` if needed, or else the dataset
+    prepared again from ``source``, ``kcore`` and ``options``, which must give the same content hash."""
+    name, digest = identity.get("name"), identity.get("content_hash")
+    if not name or not digest:
+        raise UserError("the trial records no dataset identity (name, content_hash)")
+    cached = prepared_root() / f"{name}-{digest[:12]}"
+    if (cached / "meta.json").is_file():
+        return _reuse(cached, max_len, progress=progress)
+    path = prepare(name, source=source, max_len=max_len, kcore=kcore, progress=progress, **options)
+    found = json.loads((path / "meta.json").read_text()).get("content_hash")
+    if found != digest:
+        raise UserError(f"{path} holds {name} with content hash {found}, but the trial trained on {digest}: its "
+                        "source changed since, or --source names another file")
+    return path

@@ -11,6 +11,9 @@ summarises. Resuming from it gives the metrics an uninterrupted run gives for th
 It is stored with :func:`save_state` as one ``torch.save`` file of tensors and plain Python values, which
 :func:`load_state` reads with ``weights_only=True`` (no arbitrary unpickling of a file that may come from a shared
 bucket). Nothing here knows about Ray: the sweep's trainable wraps the file in a Tune checkpoint.
+
+``python -m study.train --resume-from DIR`` continues such a state outside its sweep (:func:`continuation`), e.g.
+a seed that a study's epoch limit stopped before its patience ran out, under a higher limit.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from study.errors import UserError
 
 STATE_FILE = "training_state.pt"
 FORMAT_VERSION = 1
@@ -100,12 +105,36 @@ def save_state(state: TrainingState, folder: str | Path) -> Path:
 def load_state(folder: str | Path, map_location: str | torch.device = "cpu") -> TrainingState:
     """Read the state :func:`save_state` wrote in ``folder`` (tensors and plain values only)."""
     path = Path(folder) / STATE_FILE
+    if not path.is_file():
+        raise UserError(f"{folder} holds no {STATE_FILE} (a sweep keeps one in each trial's checkpoint folder, "
+                        "results/<study>/tune/<trial>/checkpoint_NNNNNN)")
     data = torch.load(path, map_location=map_location, weights_only=True)
     if data.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{path} holds training state format {data.get('format_version')}, this code reads "
-                         f"{FORMAT_VERSION}")
+        raise UserError(f"{path} holds training state format {data.get('format_version')}, this code reads "
+                        f"{FORMAT_VERSION}")
     known = {f.name for f in fields(TrainingState)}
     return TrainingState(**{k: v for k, v in data.items() if k in known})
+
+
+# what a continued trial may change: when it stops, where it runs and what it measures, never what an epoch computes
+CONTINUATION_KEYS = ("max_epochs", "patience", "time_budget_s", "device", "num_threads", "eval_batch_size",
+                     "measure_efficiency")
+
+
+def continuation(state: TrainingState, overrides: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """The model name, settings and dataset identity that continue ``state``'s trial: the model config and training
+    settings it recorded, with ``overrides`` of :data:`CONTINUATION_KEYS` only. Any other key is refused: the
+    continued epochs would then train another configuration than the ones before them."""
+    identity = state.identity
+    if not identity.get("model") or "settings" not in identity:
+        raise UserError("this training state records no model identity, so it cannot be continued")
+    refused = sorted(set(overrides) - set(CONTINUATION_KEYS))
+    if refused:
+        raise UserError(f"a continued trial keeps its settings: --set may change only {', '.join(CONTINUATION_KEYS)}, "
+                        f"not {', '.join(refused)}")
+    model_config = {k: v for k, v in identity.get("model_config", {}).items() if k != "num_items"}  # the data's
+    settings = {**model_config, **identity["settings"], **overrides}
+    return identity["model"], settings, dict(identity.get("dataset") or {})
 
 
 def model_identity(model_name: str, model_config: dict[str, Any], train_settings: dict[str, Any],

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import study.data.pipeline as pipeline
-from study.data import list_prepared, load_prepared, prepare
+from study.data import list_prepared, load_prepared, prepare, prepared_copy
 from study.errors import UserError
 
 
@@ -95,6 +95,22 @@ def test_prepared_dataset_is_used_by_name(lastfm: Path, data_cache: Path, tmp_pa
         prepare("lastfm", progress=False)
     assert prepare("lastfm", source=copy, progress=False) == first  # --source chooses
 
+
+
+def test_a_trials_dataset_is_found_by_its_content_hash(lastfm: Path, data_cache: Path, tmp_path: Path) -> None:
+    """A training state or an exported model records its dataset's name and content hash: the cached copy with
+    that hash is used (widened if a longer window is asked for), else the source is prepared again and must give
+    the same hash; another file's hash is refused, not silently trained on."""
+    first = prepare("lastfm", source=lastfm, max_len=20, progress=False)
+    identity = load_prepared(first).meta
+    assert prepared_copy(identity, 40) == first and load_prepared(first).train.shape[1] == 41
+    edited = tmp_path / "LastFM-edited.txt"
+    edited.write_text("\n".join(lastfm.read_text().splitlines()[:-1]) + "\n")
+    other = load_prepared(prepare("lastfm", source=edited, max_len=20, progress=False)).meta
+    with pytest.raises(UserError, match="but the trial trained on"):
+        prepared_copy({**other, "content_hash": "0" * 64}, 20, source=edited)
+    with pytest.raises(UserError, match="records no dataset identity"):
+        prepared_copy({"name": "lastfm"}, 20)
 
 def test_force_rebuilds_in_place(lastfm: Path, data_cache: Path) -> None:
     first = prepare("lastfm", source=lastfm, progress=False)

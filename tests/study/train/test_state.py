@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from study.train.state import STATE_FILE, load_state, save_state
-from study.train.trainer import TrialData, run_trial
+from study.train.trainer import TrialData, main, run_trial
 
 REPO = Path(__file__).resolve().parents[3]
 SETTINGS = {"max_epochs": 3, "batch_size": 256, "measure_efficiency": False, "num_threads": 1, "max_len": 20,
@@ -21,7 +21,7 @@ SETTINGS = {"max_epochs": 3, "batch_size": 256, "measure_efficiency": False, "nu
 RESUME = """
 import json, sys
 from study.train.state import load_state
-from study.train.trainer import TrialData, run_trial
+from study.train.trainer import TrialData, main, run_trial
 model, prepared, folder, settings = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 row = run_trial(model, TrialData.from_prepared(prepared, 20), settings, resume_from=load_state(folder))
 print(json.dumps(row))
@@ -72,3 +72,26 @@ def test_state_file_loads_with_weights_only_and_restores_every_generator(synthet
                     callback=reports.append)
     assert reports == [] and row["epochs_run"] == 2 and row["best_epoch"] == raw["best_epoch"]
     assert row["valid_ndcg@10"] == raw["best_valid"]["ndcg@10"]
+
+
+def test_a_stopped_trial_continues_from_the_command_line_under_a_higher_epoch_limit(
+        synthetic_lastfm_prepared, tmp_path, monkeypatch, capsys):
+    """``python -m study.train --resume-from DIR --set max_epochs=N`` continues a trial that its epoch limit
+    stopped, with the model, settings and dataset its state records, and ends as a trial given that limit from the
+    start. A setting that would change what an epoch computes is refused, as is a folder without a state."""
+    data = TrialData.from_prepared(synthetic_lastfm_prepared, max_len=20)
+    straight = run_trial("sasrec", data, SETTINGS)
+    run_trial("sasrec", data, {**SETTINGS, "max_epochs": 2}, callback=lambda report: save_state(report.snapshot(),
+                                                                                                 tmp_path))
+    monkeypatch.setenv("SEQREC_DATA", str(synthetic_lastfm_prepared.parents[1]))  # the cache that holds it
+    assert main(["--resume-from", str(tmp_path), "--set", "max_epochs=3", "--no-progress"]) == 0
+    resumed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert resumed["model"] == "sasrec" and resumed["config"]["max_epochs"] == 3 and resumed["epochs_run"] == 3
+    assert metric_fields(resumed) == metric_fields(straight)
+
+    assert main(["--resume-from", str(tmp_path), "--set", "max_epochs=3", "--set", "lr=0.01"]) == 2
+    assert "--set may change only max_epochs, patience" in capsys.readouterr().err
+    assert main(["--resume-from", str(tmp_path), "--model", "gru4rec"]) == 2
+    assert "holds a sasrec trial on synthetic" in capsys.readouterr().err
+    assert main(["--resume-from", str(tmp_path / "elsewhere")]) == 2
+    assert f"holds no {STATE_FILE}" in capsys.readouterr().err
