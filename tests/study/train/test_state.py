@@ -21,7 +21,7 @@ SETTINGS = {"max_epochs": 3, "batch_size": 256, "measure_efficiency": False, "nu
 RESUME = """
 import json, sys
 from study.train.state import load_state
-from study.train.trainer import TrialData, main, run_trial
+from study.train.trainer import TrialData, run_trial
 model, prepared, folder, settings = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 row = run_trial(model, TrialData.from_prepared(prepared, 20), settings, resume_from=load_state(folder))
 print(json.dumps(row))
