@@ -18,6 +18,7 @@ a seed that a study's epoch limit stopped before its patience ran out, under a h
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -31,6 +32,7 @@ from study.errors import UserError
 STATE_FILE = "training_state.pt"
 FORMAT_VERSION = 1
 BEST_WEIGHTS_FILE = "model.pt"  # torch.save of the best-validation state dict
+MISSING = object()  # a key one side of identity_changes lacks
 BEST_INFO_FILE = "model.json"  # what those weights are (model_identity) and how they scored
 # the dataset's identity: what a model's item ids mean, and whether another prepared dataset is the same one
 DATASET_IDENTITY = ("name", "content_hash", "num_users", "num_items", "recipe", "kcore", "split", "synthetic")
@@ -135,6 +137,36 @@ def continuation(state: TrainingState, overrides: dict[str, Any]) -> tuple[str, 
     model_config = {k: v for k, v in identity.get("model_config", {}).items() if k != "num_items"}  # the data's
     settings = {**model_config, **identity["settings"], **overrides}
     return identity["model"], settings, dict(identity.get("dataset") or {})
+
+
+def identity_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """How the run about to continue a state differs from the one that wrote it (both :func:`model_identity`
+    records), one ``what: before -> now`` line each; empty when the continued epochs train what the earlier ones did.
+
+    :data:`CONTINUATION_KEYS` may differ. A setting or model key the state does not record (one added since it was
+    written) is a difference too: what the earlier version did in its place need not be today's default. A
+    state written before ``cloze_window_step`` existed trained on each user's newest window, and today's default
+    would have continued it on windows over the whole history."""
+    if not recorded:
+        return []
+    plain = json.loads(json.dumps({"recorded": recorded, "current": current}, default=str))
+    before, now = plain["recorded"], plain["current"]
+    changes = []
+    if before.get("model") != now.get("model"):
+        changes.append(f"model: {before.get('model')} -> {now.get('model')}")
+    for section, skipped in (("model_config", ()), ("settings", CONTINUATION_KEYS)):
+        old, new = before.get(section) or {}, now.get(section) or {}
+        changes += [f"{key}: {_shown(old, key, 'not recorded')} -> {_shown(new, key, 'unknown to this version')}"
+                    for key in sorted(set(old) | set(new))
+                    if key not in skipped and old.get(key, MISSING) != new.get(key, MISSING)]
+    old_hash, new_hash = ((side.get("dataset") or {}).get("content_hash") for side in (before, now))
+    if old_hash and new_hash and old_hash != new_hash:
+        changes.append(f"dataset content_hash: {old_hash} -> {new_hash}")
+    return changes
+
+
+def _shown(values: dict[str, Any], key: str, absent: str) -> str:
+    return repr(values[key]) if key in values else absent
 
 
 def model_identity(model_name: str, model_config: dict[str, Any], train_settings: dict[str, Any],

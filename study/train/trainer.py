@@ -45,7 +45,15 @@ from study.train.objectives import (
 )
 from study.train.padding import trims_padding
 from study.train.results import make_result, to_json_line
-from study.train.state import TrainingState, capture_rng, continuation, load_state, model_identity, restore_rng
+from study.train.state import (
+    TrainingState,
+    capture_rng,
+    continuation,
+    identity_changes,
+    load_state,
+    model_identity,
+    restore_rng,
+)
 from study.train.step import NonFiniteLoss, TrainStep
 
 
@@ -261,6 +269,12 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
         first_epoch = resume_from.epoch + 1
 
     identity = model_identity(model_name, model.config.to_dict(), asdict(train_cfg), data.meta)
+    if resume_from is not None and (changes := identity_changes(resume_from.identity, identity)):
+        # e.g. a state written before `cloze_window_step` was resolved records None, which today trains on windows
+        # over the whole history, not on the newest window it trained on: the continued epochs would be another run
+        raise UserError(f"the training state of epoch {resume_from.epoch} was written by a run that trained "
+                        f"otherwise: {'; '.join(changes)}. Continuing it would train another configuration than "
+                        "its earlier epochs did; rerun the trial instead")
 
     def snapshot(epoch: int) -> TrainingState:
         return TrainingState(epoch=epoch, model=model.state_dict(), optimizer=step.optimizer.state_dict(),

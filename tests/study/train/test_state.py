@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -11,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from study.train.state import STATE_FILE, load_state, save_state
+from study.errors import UserError
+from study.train.state import STATE_FILE, identity_changes, load_state, save_state
 from study.train.trainer import TrialData, main, run_trial
 
 REPO = Path(__file__).resolve().parents[3]
@@ -95,3 +97,31 @@ def test_a_stopped_trial_continues_from_the_command_line_under_a_higher_epoch_li
     assert "holds a sasrec trial on synthetic" in capsys.readouterr().err
     assert main(["--resume-from", str(tmp_path / "elsewhere")]) == 2
     assert f"holds no {STATE_FILE}" in capsys.readouterr().err
+
+
+def test_a_state_is_continued_only_by_the_training_that_wrote_it(synthetic_lastfm_prepared, tmp_path):
+    """A state written before a setting existed (here ``cloze_window_step``, whose default then meant each user's
+    newest window and now means windows over the whole history) or under other settings is refused: its continued
+    epochs would train another configuration than the earlier ones. When to stop and where to run may differ."""
+    data = TrialData.from_prepared(synthetic_lastfm_prepared, max_len=20)
+    settings = {**SETTINGS, "max_epochs": 1, "cloze_window_step": 0}
+    run_trial("bert4rec", data, settings, callback=lambda report: save_state(report.snapshot(), tmp_path))
+    state = load_state(tmp_path)
+    assert identity_changes(state.identity, state.identity) == []
+
+    longer = {**settings, "max_epochs": 2, "patience": 30, "eval_batch_size": 64}
+    assert run_trial("bert4rec", data, longer, resume_from=state)["epochs_run"] == 2
+
+    older = copy.deepcopy(state)
+    del older.identity["settings"]["cloze_window_step"]
+    with pytest.raises(UserError, match="cloze_window_step: not recorded -> 2"):  # 0.1 x max_len
+        run_trial("bert4rec", data, {**longer, "cloze_window_step": None}, resume_from=older)
+    with pytest.raises(UserError, match="mask_prob: 0.2 -> 0.4"):
+        run_trial("bert4rec", data, {**longer, "mask_prob": 0.4}, resume_from=state)
+
+    elsewhere = copy.deepcopy(state.identity)
+    elsewhere["dataset"]["content_hash"] = "0" * 64
+    elsewhere["model_config"]["hidden_size"] = 32
+    digest = state.identity["dataset"]["content_hash"]
+    assert identity_changes(state.identity, elsewhere) == ["hidden_size: 16 -> 32",
+                                                           f"dataset content_hash: {digest} -> {'0' * 64}"]
