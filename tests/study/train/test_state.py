@@ -109,7 +109,8 @@ def test_a_state_is_continued_only_by_the_training_that_wrote_it(synthetic_lastf
     state = load_state(tmp_path)
     assert identity_changes(state.identity, state.identity) == []
 
-    longer = {**settings, "max_epochs": 2, "patience": 30, "eval_batch_size": 64}
+    assert state.identity["settings"]["trim_padding"] is True  # `auto` on a CPU; a GPU node would not trim
+    longer = {**settings, "max_epochs": 2, "patience": 30, "eval_batch_size": 64, "trim_padding": False}
     assert run_trial("bert4rec", data, longer, resume_from=state)["epochs_run"] == 2
 
     older = copy.deepcopy(state)
