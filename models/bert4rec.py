@@ -27,7 +27,7 @@ Choices stated explicitly:
   starts 0.1 · max_len items apart (its ``prop_sliding_window`` 0.1), which the paper's "training sequences" are in
   that code; 0 keeps each user's newest window only (what data-parallel and streamed studies hold). The newest
   window holds 40 % of ml-100k's training items and half of LastFM's; the whole-history windows lifted test
-  NDCG@10 from 0.95x SASRec's to 1.15x on ml-100k and from 0.54x to 0.85x on LastFM (five seeds each,
+  NDCG@10 from 0.95x SASRec's to 1.15x on ml-100k and from 0.54x to 0.89x on LastFM (five seeds each,
   docs/reproduction.md; every BERT4Rec study archived before 2026-11-27 trained on the newest windows and says so
   in its file). The §3.6 samples stay off by default because they cost accuracy: on ml-100k (mask probability
   0.2, lr 1e-3, newest windows) they lowered test NDCG@10 from 0.0499 to 0.0413, and a higher mask probability

@@ -32,7 +32,6 @@ from study.errors import UserError
 STATE_FILE = "training_state.pt"
 FORMAT_VERSION = 1
 BEST_WEIGHTS_FILE = "model.pt"  # torch.save of the best-validation state dict
-MISSING = object()  # a key one side of identity_changes lacks
 BEST_INFO_FILE = "model.json"  # what those weights are (model_identity) and how they scored
 # the dataset's identity: what a model's item ids mean, and whether another prepared dataset is the same one
 DATASET_IDENTITY = ("name", "content_hash", "num_users", "num_items", "recipe", "kcore", "split", "synthetic")
@@ -139,6 +138,9 @@ def continuation(state: TrainingState, overrides: dict[str, Any]) -> tuple[str, 
     model_config = {k: v for k, v in identity.get("model_config", {}).items() if k != "num_items"}  # the data's
     settings = {**model_config, **identity["settings"], **overrides}
     return identity["model"], settings, dict(identity.get("dataset") or {})
+
+
+MISSING = object()  # a key one side of identity_changes lacks
 
 
 def identity_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:

@@ -270,8 +270,9 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
 
     identity = model_identity(model_name, model.config.to_dict(), asdict(train_cfg), data.meta)
     if resume_from is not None and (changes := identity_changes(resume_from.identity, identity)):
-        # e.g. a state written before `cloze_window_step` was resolved records None, which today trains on windows
-        # over the whole history, not on the newest window it trained on: the continued epochs would be another run
+        # e.g. a state written before `cloze_window_step` existed does not record it, and today's default trains on
+        # windows over the whole history, not on the newest window it trained on: the continued epochs would be
+        # another run
         raise UserError(f"the training state of epoch {resume_from.epoch} was written by a run that trained "
                         f"otherwise: {'; '.join(changes)}. Continuing it would train another configuration than "
                         "its earlier epochs did; rerun the trial instead")
