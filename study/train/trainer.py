@@ -258,6 +258,15 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
     best_epoch, best_state, epochs_without_gain = 0, None, 0
     epoch_times, throughputs, reports = [], [], []
     first_epoch = 1
+    identity = model_identity(model_name, model.config.to_dict(), asdict(train_cfg), data.meta)
+    # checked before the weights load, where a changed model size would fail with torch's shape error instead
+    if resume_from is not None and (changes := identity_changes(resume_from.identity, identity)):
+        # e.g. a state written before `cloze_window_step` existed does not record it, and today's default trains on
+        # windows over the whole history, not on the newest window it trained on: the continued epochs would be
+        # another run
+        raise UserError(f"the training state of epoch {resume_from.epoch} was written by a run that trained "
+                        f"otherwise: {'; '.join(changes)}. Continuing it would train another configuration than "
+                        "its earlier epochs did; rerun the trial instead")
     if resume_from is not None:
         model.load_state_dict(resume_from.model)
         step.optimizer.load_state_dict(resume_from.optimizer)
@@ -267,15 +276,6 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
         epochs_without_gain = resume_from.epochs_without_gain
         epoch_times, throughputs = list(resume_from.epoch_times), list(resume_from.throughputs)
         first_epoch = resume_from.epoch + 1
-
-    identity = model_identity(model_name, model.config.to_dict(), asdict(train_cfg), data.meta)
-    if resume_from is not None and (changes := identity_changes(resume_from.identity, identity)):
-        # e.g. a state written before `cloze_window_step` existed does not record it, and today's default trains on
-        # windows over the whole history, not on the newest window it trained on: the continued epochs would be
-        # another run
-        raise UserError(f"the training state of epoch {resume_from.epoch} was written by a run that trained "
-                        f"otherwise: {'; '.join(changes)}. Continuing it would train another configuration than "
-                        "its earlier epochs did; rerun the trial instead")
 
     def snapshot(epoch: int) -> TrainingState:
         return TrainingState(epoch=epoch, model=model.state_dict(), optimizer=step.optimizer.state_dict(),
