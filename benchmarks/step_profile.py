@@ -71,6 +71,17 @@ def step_seconds(step: TrainStep, windows: torch.Tensor, repeats: int, warmup: i
     return timings
 
 
+def device_kernels(events: list) -> tuple[int, float, int]:
+    """The kernels among a profile's events, their summed device seconds, and the annotated regions left out.
+
+    Annotated regions (Adam's step, a compiled graph's call) also sit on the device timeline, each a span from its
+    first kernel to its last with the gaps inside; summed with the kernels, they would count that time twice.
+    """
+    on_device = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels = [e for e in on_device if not e.is_user_annotation]
+    return len(kernels), sum(e.device_time for e in kernels) / 1e6, len(on_device) - len(kernels)  # µs → s
+
+
 def profile_step(step: TrainStep, windows: torch.Tensor, rows: int = 15) -> tuple[str, float]:
     """One profiled step (after the timed ones): its counts, busy share and top operators as text, and its
     matrix-product FLOPs."""
@@ -89,11 +100,10 @@ def profile_step(step: TrainStep, windows: torch.Tensor, rows: int = 15) -> tupl
     flops = sum(e.flops for e in events if e.key in MATMULS)
     lines = [f"ATen operators dispatched: {aten}"]
     if on_cuda:
-        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-        busy = sum(e.device_time for e in kernels) / 1e6  # µs → s
-        lines.append(f"CUDA kernels launched: {len(kernels)}; their device time {1000 * busy:.2f} ms of the profiled "
+        kernels, busy, spans = device_kernels(prof.events())
+        lines.append(f"CUDA kernels launched: {kernels}; their device time {1000 * busy:.2f} ms of the profiled "
                      f"step's {1000 * wall:.2f} ms wall (busy {100 * busy / wall:.0f} %; the profiler's own cost is "
-                     "in the wall)")
+                     f"in the wall); annotated regions on the device, not counted: {spans}")
     lines.append(f"matrix-product FLOPs: {flops / 1e9:.2f} GFLOP a step")
     sort_by = "self_device_time_total" if on_cuda else "self_cpu_time_total"
     lines.append(events.table(sort_by=sort_by, row_limit=rows, max_name_column_width=48))

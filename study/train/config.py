@@ -22,6 +22,9 @@ METRIC_KS = (5, 10, 20)
 SELECTION_METRIC = "ndcg@10"  # the default validation metric that picks the best epoch
 SELECTABLE_METRICS = tuple(f"{name}@{k}" for name in ("hr", "ndcg", "mrr") for k in METRIC_KS)
 PRECISIONS = ("fp32", "bf16", "fp16")
+# torch.compile's modes; the two in CUDA_GRAPH_MODES replay the step as CUDA graphs on a GPU
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 AUTO_VALUES = ("auto", "none", "null")  # what leaves an optional setting (default None) to the trainer
 
 
@@ -66,6 +69,12 @@ class TrainConfig:
     # arithmetic, so both are recorded and off by default.
     precision: str = "fp32"
     compile: bool = False
+    # torch.compile's mode under `compile`. `reduce-overhead` replays the compiled loss, forward and backward, as
+    # CUDA graphs: a few launches where eager issues hundreds, and the zoo's steps on a GPU wait on launches, not
+    # arithmetic. ELASTIC's median epoch on ml-100k took 3.4 s instead of 12.0 s eager on an H200
+    # (benchmarks/results/gpu_h200.md). Only the `last` objective may use it (TrainStep says why). A CPU step has
+    # no graphs to replay and runs as `default`.
+    compile_mode: str = "default"
     # drop the leading columns that are padding in every row of a batch and run its windows in length groups
     # (training, evaluation, latency): the same results at real items, less compute. None (`auto`) trims on a CPU
     # and not on CUDA, where a step at the zoo's sizes waits on kernel launches, not arithmetic, and the groups
@@ -102,6 +111,10 @@ class TrainConfig:
             errors.append(("selection_metric", f"must be one of {SELECTABLE_METRICS}, got {self.selection_metric!r}"))
         if self.precision not in PRECISIONS:
             errors.append(("precision", f"must be one of {PRECISIONS}, got {self.precision!r}"))
+        if self.compile_mode not in COMPILE_MODES:
+            errors.append(("compile_mode", f"must be one of {COMPILE_MODES}, got {self.compile_mode!r}"))
+        elif self.compile_mode != "default" and not self.compile:
+            errors.append(("compile_mode", f"{self.compile_mode!r} needs compile: true (the step runs eager)"))
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             errors.append(("device", f"must be auto, cpu or cuda[:N], got {self.device!r}"))
         return errors

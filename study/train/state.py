@@ -119,9 +119,10 @@ def load_state(folder: str | Path, map_location: str | torch.device = "cpu") -> 
 
 # what a continued trial may change: when it stops, where it runs and what it measures, never what an epoch computes
 # (trim_padding follows the device when unset, and leaves the real items' results as they are: a trial checkpointed on
-# a GPU node and restored on a CPU node of a cluster goes on)
+# a GPU node and restored on a CPU node of a cluster goes on; compile_mode only says how torch.compile launches the
+# same step, as the device does, and states written before it existed record none)
 CONTINUATION_KEYS = ("max_epochs", "patience", "time_budget_s", "device", "num_threads", "eval_batch_size",
-                     "measure_efficiency", "trim_padding")
+                     "measure_efficiency", "trim_padding", "compile_mode")
 
 
 def continuation(state: TrainingState, overrides: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]]:

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 
 import models
-from models import SeqRecModel
-from study.train.config import PRECISIONS, TrainConfig
+from models import ConfigError, SeqRecModel
+from study.train.config import CUDA_GRAPH_MODES, PRECISIONS, TrainConfig
 from study.train.objectives import NegativeSampler, objective_loss, resolve_cloze_window_step, resolve_objective
 from study.train.padding import trims_padding
 
@@ -36,7 +36,10 @@ class TrainStep:
     - ``compile``: ``torch.compile`` the step's loss: the network, the scores and the cross-entropy. The model
       object is left as it is, so the state_dict keys stay the same, and evaluation runs eager. Inductor draws
       its own dropout random numbers, so a compiled run is not the eager run's twin; on a CPU its first step
-      compiles for minutes (``python -m benchmarks.speed --compile`` measures it).
+      compiles for minutes (``python -m benchmarks.speed --compile`` measures it). ``compile_mode`` is
+      torch.compile's mode; under ``reduce-overhead`` on CUDA the loss's forward and backward replay as CUDA
+      graphs, whose outputs live in memory the next replay overwrites, so the step hands back a copy of its loss.
+      Only the ``last`` objective may use a CUDA-graph mode (causal CE and cloze crashed it; see the check below).
     """
 
     def __init__(self, model: SeqRecModel, train: TrainConfig, item_popularity: np.ndarray | None = None) -> None:
@@ -47,6 +50,14 @@ class TrainStep:
         self.model = model
         device = next(model.parameters()).device
         self.objective = resolve_objective(model, train.objective)
+        if train.compile and train.compile_mode in CUDA_GRAPH_MODES and self.objective != "last":
+            # Every other objective selects its scored positions with a mask whose count changes from batch to
+            # batch; under torch 2.11's CUDA-graph trees each such run we made (SASRec's causal CE on ml-100k,
+            # BERT4Rec's cloze) died with a segmentation fault in the backward's first replay, graph partition on
+            # or off (benchmarks/results/gpu_h200.md). A crashed process loses the whole trial, so refuse here.
+            raise ConfigError([("compile_mode", f"{train.compile_mode!r} replays CUDA graphs, which only the `last` "
+                                                f"objective runs under; {self.objective!r} crashed them (see "
+                                                "benchmarks/results/gpu_h200.md): use compile_mode: default")])
         # the settings this step runs with, `auto` ones resolved (the trainer records these)
         self.train = dataclasses.replace(
             train, trim_padding=trims_padding(train.trim_padding, device, train.compile),
@@ -66,12 +77,18 @@ class TrainStep:
         self.scaler = torch.amp.GradScaler("cuda") if self.autocast_dtype is torch.float16 else None
         # The loss is compiled, not nn.Module.forward: `last` reaches the network through last_hidden (ELASTIC's
         # through encode), which bypasses a compiled forward, so its steps would stay eager.
-        self.loss = torch.compile(objective_loss) if train.compile else objective_loss
+        self.loss = objective_loss
+        if train.compile:
+            mode = None if train.compile_mode == "default" else train.compile_mode
+            self.loss = torch.compile(objective_loss, mode=mode)
+        self.cuda_graphs = train.compile and train.compile_mode in CUDA_GRAPH_MODES and on_cuda
 
     def __call__(self, windows: torch.Tensor, *, check_finite: bool = False,
                  users: torch.Tensor | None = None) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
         mixed = self.autocast_dtype is not None
+        if self.cuda_graphs:  # a new step: the previous step's graph outputs may be overwritten from here on
+            torch.compiler.cudagraph_mark_step_begin()
         with torch.autocast("cuda", dtype=self.autocast_dtype) if mixed else contextlib.nullcontext():
             loss = self.loss(self.objective, self.model, windows, mask_prob=self.train.mask_prob,
                              generator=self.generator, users=users, sampler=self.sampler,
@@ -90,7 +107,8 @@ class TrainStep:
         else:
             self.scaler.step(self.optimizer)
             self.scaler.update()
-        return loss.detach().float()
+        loss = loss.detach().float()
+        return loss.clone() if self.cuda_graphs else loss
 
 
 def build_step(model_name: str, model_hparams: dict, train_settings: dict, device: torch.device) -> TrainStep:

@@ -4,8 +4,10 @@ follows the step's size."""
 from __future__ import annotations
 
 import pytest
+import torch
+from torch.autograd.profiler_util import FunctionEvent
 
-from benchmarks.step_profile import build, main, profile_step, random_windows
+from benchmarks.step_profile import build, device_kernels, main, profile_step, random_windows
 
 
 def test_it_times_and_profiles_a_zoo_model_and_takes_trainer_and_model_keys(capsys: pytest.CaptureFixture) -> None:
@@ -32,3 +34,17 @@ def test_the_matrix_product_flops_grow_with_the_batch() -> None:
     _, large = profile_step(step, random_windows(8, 8, 30, "cpu"))
     assert small > 0
     assert large == pytest.approx(2 * small, rel=0.02)
+
+
+def test_the_busy_time_counts_kernels_and_not_the_regions_spanning_them() -> None:
+    # what a profiled CUDA step holds: kernels, a compiled graph's region spanning them with its gaps, and host ops
+    def event(name: str, start: int, end: int, device: bool = True, region: bool = False) -> FunctionEvent:
+        kind = torch.autograd.DeviceType.CUDA if device else torch.autograd.DeviceType.CPU
+        return FunctionEvent(id=start, name=name, thread=0, start_us=start, end_us=end, device_type=kind,
+                             use_device="cuda", is_user_annotation=region)
+
+    events = [event("## Call CompiledFxGraph ##", 0, 400, region=True), event("triton_poi_fused_0", 10, 30),
+              event("sm90_gemm", 300, 350), event("aten::mm", 5, 900, device=False)]
+    kernels, seconds, regions = device_kernels(events)
+    assert (kernels, regions) == (2, 1)
+    assert seconds == pytest.approx(70e-6)

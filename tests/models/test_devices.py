@@ -54,3 +54,28 @@ def test_autocast_changes_the_loss_by_rounding_only(device, precision):
     else:
         assert losses[precision] != losses["fp32"]
         assert abs(losses[precision] - losses["fp32"]) <= 0.02 * losses["fp32"]
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a CUDA GPU")
+def test_cuda_graph_steps_train_as_the_compiled_step_does():
+    """Under ``compile_mode: reduce-overhead`` the ``last`` loss's forward and backward replay as CUDA graphs
+    (Inductor skips none of them), five steps give the plain compiled step's losses, and each returned loss is
+    still the step's own when read after the replays that followed it (a graph output would have been
+    overwritten)."""
+    from torch._dynamo.utils import counters
+
+    windows = torch.randint(1, 301, (64, 33), generator=torch.Generator().manual_seed(1)).cuda()
+    losses = {}
+    for mode in ("default", "reduce-overhead"):
+        torch._dynamo.reset()
+        counters.clear()
+        torch.manual_seed(0)
+        model = models.build("sasrec", num_items=300, max_len=32, dropout=0.0, attn_dropout=0.0).cuda()
+        step = TrainStep(model, TrainConfig(compile=True, compile_mode=mode, objective="last"))
+        returned = [step(windows) for _ in range(5)]
+        losses[mode] = [loss.item() for loss in returned]
+        assert step.cuda_graphs is (mode == "reduce-overhead")
+        assert counters["inductor"]["cudagraph_skips"] == 0
+    torch._dynamo.reset()
+    assert losses["reduce-overhead"] == pytest.approx(losses["default"], rel=1e-5)
+    assert losses["default"][-1] < losses["default"][0]

@@ -1,6 +1,6 @@
 """The SASRec step's speed-ups change no result: the attention mask built once per forward gives the outputs of
 one mask per layer, the mixed-precision option leaves a CPU step in fp32, and the compile option reaches the
-network under every objective."""
+network under every objective, in the mode asked for."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 import models
 import models.blocks as blocks
-from study.train.config import TrainConfig
+from models import ConfigError
+from study.train.config import TrainConfig, split_settings
 from study.train.step import TrainStep
 
 
@@ -136,3 +137,35 @@ def test_compile_traces_the_network_whichever_way_the_objective_calls_it(monkeyp
     traced = {node.target for graph in graphs for node in graph.graph.nodes}
     assert F.embedding in traced
     assert losses[True] == losses[False]
+
+
+def test_compile_mode_reaches_torch_compile_and_a_cpu_step_replays_no_graphs(monkeypatch):
+    """``compile_mode`` is torch.compile's ``mode`` (``default`` passes none); a CPU step has no CUDA graphs to
+    replay, so it hands back its loss as the default mode does. The mode without ``compile`` is refused: it would
+    silently run eager."""
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: seen.append(kwargs) or fn)
+    for mode in ("default", "reduce-overhead"):
+        config = TrainConfig(compile=True, compile_mode=mode, objective="last")
+        step = TrainStep(models.build("sasrec", num_items=30, max_len=10), config)
+        assert step.cuda_graphs is False
+        assert torch.isfinite(step(windows(30, 10)))
+    assert seen == [{"mode": None}, {"mode": "reduce-overhead"}]
+    assert split_settings("sasrec", {"compile": "true", "compile_mode": "reduce-overhead"})[0].compile_mode \
+        == "reduce-overhead"
+    with pytest.raises(ConfigError, match="compile_mode: 'reduce-overhead' needs compile: true"):
+        split_settings("sasrec", {"compile_mode": "reduce-overhead"})
+    with pytest.raises(ConfigError, match="compile_mode: must be one of"):
+        split_settings("sasrec", {"compile": "true", "compile_mode": "fast"})
+
+
+@pytest.mark.parametrize(("model_name", "objective"), [("sasrec", "auto"), ("sasrec", "bce"), ("bert4rec", "auto")])
+def test_cuda_graph_modes_are_refused_where_the_scored_positions_vary(model_name, objective):
+    """Causal, BCE and cloze score a batch-dependent number of positions, which crashed torch's CUDA-graph trees
+    on a GPU; the step refuses those modes with them on any device, before a cluster trial could crash, and keeps
+    the default mode."""
+    model = models.build(model_name, num_items=30, max_len=10)
+    for mode in ("reduce-overhead", "max-autotune"):
+        with pytest.raises(ConfigError, match=f"compile_mode: '{mode}' replays CUDA graphs, which only the `last`"):
+            TrainStep(model, TrainConfig(compile=True, compile_mode=mode, objective=objective))
+    assert TrainStep(model, TrainConfig(compile=True, objective=objective)).cuda_graphs is False

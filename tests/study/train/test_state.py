@@ -112,6 +112,9 @@ def test_a_state_is_continued_only_by_the_training_that_wrote_it(synthetic_lastf
     assert state.identity["settings"]["trim_padding"] is True  # `auto` on a CPU; a GPU node would not trim
     longer = {**settings, "max_epochs": 2, "patience": 30, "eval_batch_size": 64, "trim_padding": False}
     assert run_trial("bert4rec", data, longer, resume_from=state)["epochs_run"] == 2
+    before_compile_modes = copy.deepcopy(state)
+    del before_compile_modes.identity["settings"]["compile_mode"]  # how compile launches the step, as device is
+    assert identity_changes(before_compile_modes.identity, state.identity) == []
 
     older = copy.deepcopy(state)
     del older.identity["settings"]["cloze_window_step"]
