@@ -9,7 +9,8 @@
 # speed: the SASRec epoch (ours, plain, pmixer's when given, bf16, compiled) and the time to quality, LISA
 #        against SASRec over the window length, profiles of one ELASTIC and one LISA step, and the training step
 #        of SASRec and RecGRELA with and without padding (on Beauty when given, whose windows are mostly padding;
-#        else on ml-100k), all on the GPU.
+#        else on ml-100k), and ELASTIC's ml-100k epoch eager and as CUDA graphs (compile_mode: reduce-overhead), all
+#        on the GPU.
 # --short fits into seven and a half minutes at most, for a short GPU lease: the kernel and device tests (CUDA
 # cases) run as one pytest, the speed step skips time-to-quality and torch.compile, the steps that compile more
 # Triton kernels (RecGRELA's padding row, LISA over N, the LISA profile: over a minute of ptxas each on an H200)
@@ -88,6 +89,12 @@ if [ "$part" != tests ]; then
     TAIL=8 step padding-sasrec python -m benchmarks.padding "${padding_data[@]}" --model sasrec --device cuda
     TAIL=8 step padding-recgrela python -m benchmarks.padding "${padding_data[@]}" --model recgrela --set causal=true \
       --device cuda
+    # CUDA graphs replay the one objective that runs under them (study/train/step.py); the row's epoch_time_s is
+    # the median epoch, compilation aside
+    elastic=(python -m study.train --model elastic --source "$ml100k" --set objective=last --set prefixes_per_user=0
+             --set max_epochs=3 --set seed=1 --no-progress)
+    TAIL=1 step elastic-epoch-eager "${elastic[@]}"
+    TAIL=1 step elastic-epoch-cuda-graphs "${elastic[@]}" --set compile=true --set compile_mode=reduce-overhead
   fi
 fi
 echo "failed steps: $failed"

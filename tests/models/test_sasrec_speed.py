@@ -161,9 +161,9 @@ def test_compile_mode_reaches_torch_compile_and_a_cpu_step_replays_no_graphs(mon
 
 @pytest.mark.parametrize(("model_name", "objective"), [("sasrec", "auto"), ("sasrec", "bce"), ("bert4rec", "auto")])
 def test_cuda_graph_modes_are_refused_where_the_scored_positions_vary(model_name, objective):
-    """Causal, BCE and cloze score a batch-dependent number of positions, which crashed torch's CUDA-graph trees
-    on a GPU; the step refuses those modes with them on any device, before a cluster trial could crash, and keeps
-    the default mode."""
+    """Causal CE and cloze score a batch-dependent number of positions, which crashed torch's CUDA-graph trees on
+    a GPU (BCE selects its positions the same way); the step refuses those modes with them on any device, before a
+    cluster trial could crash, and keeps the default mode."""
     model = models.build(model_name, num_items=30, max_len=10)
     for mode in ("reduce-overhead", "max-autotune"):
         with pytest.raises(ConfigError, match=f"compile_mode: '{mode}' replays CUDA graphs, which only the `last`"):
