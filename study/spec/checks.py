@@ -15,7 +15,7 @@ import models
 from models import ConfigError
 from study.spec.resolved import Study
 from study.spec.yaml_io import ConfigErrors
-from study.train.config import TrainConfig, coerce, split_settings
+from study.train.config import TrainConfig, coerce, cuda_graph_conflict, split_settings
 from study.train.results import PROTOCOL_SETTINGS
 
 # Efficiency figures a trial measures once before its first epoch and reports with every epoch (see
@@ -79,6 +79,10 @@ def check_combinations(study: Study, errors: ConfigErrors) -> None:
                     failures.setdefault((_home(study, key), message), []).append(point)
         objective = objectives.get(identity)
         if objective is None:  # unknown (past MAX_BUILT_MODELS) or already reported
+            continue
+        conflict = cuda_graph_conflict(train_cfg, objective)
+        if conflict:  # refused before any trial starts, not as a crash or an error in every trial
+            failures.setdefault((_home(study, "compile_mode"), conflict), []).append(point)
             continue
         max_len = hparams.get("max_len", models.model_class(study.model).config_class.max_len)
         try:

@@ -72,8 +72,8 @@ class TrainConfig:
     # torch.compile's mode under `compile`. `reduce-overhead` replays the compiled loss, forward and backward, as
     # CUDA graphs: a few launches where eager issues hundreds, and the zoo's steps on a GPU wait on launches, not
     # arithmetic. ELASTIC's median epoch on ml-100k took 3.4 s instead of 12.0 s eager on an H200
-    # (benchmarks/results/gpu_h200.md). Only the `last` objective may use it (TrainStep says why). A CPU step has
-    # no graphs to replay and runs as `default`.
+    # (benchmarks/results/gpu_h200.md). Only the `last` objective may use it (cuda_graph_conflict says why). A CPU
+    # step has no graphs to replay and runs as `default`.
     compile_mode: str = "default"
     # drop the leading columns that are padding in every row of a batch and run its windows in length groups
     # (training, evaluation, latency): the same results at real items, less compute. None (`auto`) trims on a CPU
@@ -122,6 +122,19 @@ class TrainConfig:
 
 TRAIN_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 AUTO_TRAIN_FIELDS = {name for name, f in TRAIN_FIELDS.items() if f.default is None}
+
+
+def cuda_graph_conflict(train: TrainConfig, objective: str) -> str | None:
+    """Why ``train`` may not replay ``objective`` (already resolved) as CUDA graphs, or None when it may.
+
+    Every objective but ``last`` selects its scored positions with a mask whose count changes from batch to batch.
+    Under torch 2.11's CUDA-graph trees each such run we made (SASRec's causal CE on ml-100k, BERT4Rec's cloze) died
+    with a segmentation fault in the backward's first run, graph partition on or off
+    (benchmarks/results/gpu_h200.md); a crashed process loses the whole trial, so the mode is refused up front."""
+    if not train.compile or train.compile_mode not in CUDA_GRAPH_MODES or objective == "last":
+        return None
+    return (f"{train.compile_mode!r} replays CUDA graphs, which only the `last` objective runs under; {objective!r} "
+            "crashed them (see benchmarks/results/gpu_h200.md): use compile_mode: default")
 
 
 def field_type(field: dataclasses.Field, owner: type) -> type:

@@ -14,7 +14,7 @@ import torch
 
 import models
 from models import ConfigError, SeqRecModel
-from study.train.config import CUDA_GRAPH_MODES, PRECISIONS, TrainConfig
+from study.train.config import CUDA_GRAPH_MODES, PRECISIONS, TrainConfig, cuda_graph_conflict
 from study.train.objectives import NegativeSampler, objective_loss, resolve_cloze_window_step, resolve_objective
 from study.train.padding import trims_padding
 
@@ -39,7 +39,8 @@ class TrainStep:
       compiles for minutes (``python -m benchmarks.speed --compile`` measures it). ``compile_mode`` is
       torch.compile's mode; under ``reduce-overhead`` on CUDA the loss's forward and backward replay as CUDA
       graphs, whose outputs live in memory the next replay overwrites, so the step hands back a copy of its loss.
-      Only the ``last`` objective may use a CUDA-graph mode (causal CE and cloze crashed it; see the check below).
+      Only the ``last`` objective may use a CUDA-graph mode (causal CE and cloze crashed it:
+      :func:`~study.train.config.cuda_graph_conflict`).
     """
 
     def __init__(self, model: SeqRecModel, train: TrainConfig, item_popularity: np.ndarray | None = None) -> None:
@@ -50,14 +51,9 @@ class TrainStep:
         self.model = model
         device = next(model.parameters()).device
         self.objective = resolve_objective(model, train.objective)
-        if train.compile and train.compile_mode in CUDA_GRAPH_MODES and self.objective != "last":
-            # Every other objective selects its scored positions with a mask whose count changes from batch to
-            # batch; under torch 2.11's CUDA-graph trees each such run we made (SASRec's causal CE on ml-100k,
-            # BERT4Rec's cloze) died with a segmentation fault in the backward's first replay, graph partition on
-            # or off (benchmarks/results/gpu_h200.md). A crashed process loses the whole trial, so refuse here.
-            raise ConfigError([("compile_mode", f"{train.compile_mode!r} replays CUDA graphs, which only the `last` "
-                                                f"objective runs under; {self.objective!r} crashed them (see "
-                                                "benchmarks/results/gpu_h200.md): use compile_mode: default")])
+        conflict = cuda_graph_conflict(train, self.objective)
+        if conflict:
+            raise ConfigError([("compile_mode", conflict)])
         # the settings this step runs with, `auto` ones resolved (the trainer records these)
         self.train = dataclasses.replace(
             train, trim_padding=trims_padding(train.trim_padding, device, train.compile),

@@ -284,3 +284,22 @@ def test_a_searched_cloze_window_step_is_checked_at_each_value(tmp_path: Path, c
     [error] = errors_of(capsys, [str(searched), "--dry-run"])
     assert "cloze_window_step: applies to the cloze objective only" in error
     assert "at search point cloze_window_step=5" in error
+
+
+def test_cuda_graph_modes_are_refused_before_any_trial_unless_the_objective_is_last(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    def study(objective: str) -> Path:
+        return write(tmp_path, f"""
+            name: graphs-{objective}
+            model: sasrec
+            dataset: {{name: lastfm, source: {LASTFM}}}
+            protocol: {{objective: {objective}}}
+            fixed: {{compile: true, compile_mode: reduce-overhead}}
+            search: {{lr: {{grid: [0.001]}}}}
+            budget: {{num_samples: 1, max_epochs: 2}}
+            """, name=f"{objective}.yaml")
+
+    [error] = errors_of(capsys, [str(study("causal")), "--dry-run"])
+    assert "causal.yaml:5: fixed.compile_mode: 'reduce-overhead' replays CUDA graphs, which only the `last`" in error
+    assert "'causal' crashed them" in error
+    assert main([str(study("last")), "--dry-run"]) == 0
