@@ -133,8 +133,9 @@ def cuda_graph_conflict(train: TrainConfig, objective: str) -> str | None:
     (benchmarks/results/gpu_h200.md); a crashed process loses the whole trial, so the mode is refused up front."""
     if not train.compile or train.compile_mode not in CUDA_GRAPH_MODES or objective == "last":
         return None
-    return (f"{train.compile_mode!r} replays CUDA graphs, which only the `last` objective runs under; {objective!r} "
-            "crashed them (see benchmarks/results/gpu_h200.md): use compile_mode: default")
+    return (f"{train.compile_mode!r} replays CUDA graphs, which only the `last` objective runs under: {objective!r} "
+            "scores a batch-dependent number of positions, as the causal and cloze steps that crashed them did (see "
+            "benchmarks/results/gpu_h200.md); use compile_mode: default")
 
 
 def field_type(field: dataclasses.Field, owner: type) -> type:

@@ -301,5 +301,5 @@ def test_cuda_graph_modes_are_refused_before_any_trial_unless_the_objective_is_l
 
     [error] = errors_of(capsys, [str(study("causal")), "--dry-run"])
     assert "causal.yaml:5: fixed.compile_mode: 'reduce-overhead' replays CUDA graphs, which only the `last`" in error
-    assert "'causal' crashed them" in error
+    assert "'causal' scores a batch-dependent number of positions" in error
     assert main([str(study("last")), "--dry-run"]) == 0
