@@ -124,6 +124,11 @@ TRAIN_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 AUTO_TRAIN_FIELDS = {name for name, f in TRAIN_FIELDS.items() if f.default is None}
 
 
+def asks_for_cuda_graphs(train: TrainConfig) -> bool:
+    """Whether ``train`` compiles its step in a mode that replays CUDA graphs (on a GPU; a CPU step has none)."""
+    return train.compile and train.compile_mode in CUDA_GRAPH_MODES
+
+
 def cuda_graph_conflict(train: TrainConfig, objective: str) -> str | None:
     """Why ``train`` may not replay ``objective`` (already resolved) as CUDA graphs, or None when it may.
 
@@ -131,7 +136,7 @@ def cuda_graph_conflict(train: TrainConfig, objective: str) -> str | None:
     Under torch 2.11's CUDA-graph trees each such run we made (SASRec's causal CE on ml-100k, BERT4Rec's cloze) died
     with a segmentation fault in the backward's first run, graph partition on or off
     (benchmarks/results/gpu_h200.md); a crashed process loses the whole trial, so the mode is refused up front."""
-    if not train.compile or train.compile_mode not in CUDA_GRAPH_MODES or objective == "last":
+    if not asks_for_cuda_graphs(train) or objective == "last":
         return None
     return (f"{train.compile_mode!r} replays CUDA graphs, which only the `last` objective runs under: {objective!r} "
             "scores a batch-dependent number of positions, as the causal and cloze steps that crashed them did (see "

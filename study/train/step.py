@@ -14,7 +14,7 @@ import torch
 
 import models
 from models import ConfigError, SeqRecModel
-from study.train.config import CUDA_GRAPH_MODES, PRECISIONS, TrainConfig, cuda_graph_conflict
+from study.train.config import PRECISIONS, TrainConfig, asks_for_cuda_graphs, cuda_graph_conflict
 from study.train.objectives import NegativeSampler, objective_loss, resolve_cloze_window_step, resolve_objective
 from study.train.padding import trims_padding
 
@@ -77,7 +77,7 @@ class TrainStep:
         if train.compile:
             mode = None if train.compile_mode == "default" else train.compile_mode
             self.loss = torch.compile(objective_loss, mode=mode)
-        self.cuda_graphs = train.compile and train.compile_mode in CUDA_GRAPH_MODES and on_cuda
+        self.cuda_graphs = asks_for_cuda_graphs(train) and on_cuda
 
     def __call__(self, windows: torch.Tensor, *, check_finite: bool = False,
                  users: torch.Tensor | None = None) -> torch.Tensor:
