@@ -40,6 +40,7 @@ from benchmarks.bert4rec_budget import read_rows
 from models import config_fields
 from study.spec.yaml_io import read_yaml
 from study.train.config import split_settings
+from study.train.objectives import resolve_cloze_window_step
 
 DEFAULT_OUT = Path("benchmarks/results/validation_grid.csv")
 # the columns every row has; each grid key gets its own column after them. ``settings`` is the run's whole
@@ -48,6 +49,10 @@ COLUMNS = ("study", "model", "dataset", "seed", "valid_ndcg@10", "test_ndcg@10",
            "best_epoch", "epochs_run", "epoch_time_s", "wall_time_s", "device", "load_at_start", "settings")
 # where a run happens, not what it trains: left out of ``settings``
 PLACEMENT_KEYS = ("device", "num_threads", "seed")
+# trainer keys added after rows of the CSV were written, each with the value those rows ran as, so that a row from
+# before a key existed and one from after it are the same cell when they trained the same way
+INTRODUCED_KEYS = {"compile_mode": "default",  # before it, no step replayed CUDA graphs
+                   "cloze_window_step": "0"}   # before it, cloze trained on each user's newest window only
 
 
 def parse_grid(items: list[str]) -> dict[str, list[str]]:
@@ -96,8 +101,20 @@ def settings_text(model: str, cell: dict[str, str]) -> str:
         elif field.default_factory is not dataclasses.MISSING:
             defaults[name] = field.default_factory()
     config = {**defaults, **model_values, **dataclasses.asdict(train)}
-    return ";".join(f"{key}={canonical(config[key])}" for key in sorted(config)
-                    if key not in (*PLACEMENT_KEYS, "num_items"))
+    return same_cell(";".join(f"{key}={canonical(config[key])}" for key in sorted(config)
+                              if key not in (*PLACEMENT_KEYS, "num_items")))
+
+
+def same_cell(text: str) -> str:
+    """A row's ``settings`` in today's spelling: a key the trainer gained after the row was written gets the value
+    the row ran as (``INTRODUCED_KEYS``), and ``cloze_window_step`` is the step the run used (0 for an objective
+    without cloze windows, 0.1 x max_len for the cloze default), not how it was asked for."""
+    settings = {**INTRODUCED_KEYS, **_parse_settings(text)}
+    step = settings["cloze_window_step"]
+    settings["cloze_window_step"] = str(resolve_cloze_window_step(
+        settings.get("objective", ""), None if step == "None" else int(step), int(settings.get("max_len", 0)),
+        model_name="this row's model"))
+    return ";".join(f"{key}={settings[key]}" for key in sorted(settings))
 
 
 def cells(base: dict[str, str], grid: dict[str, list[str]], seeds: list[int]) -> list[dict[str, str]]:
@@ -146,7 +163,7 @@ def table(rows: list[dict]) -> str:
     starred. The columns name the settings that differ between that pair's cells."""
     groups: dict[tuple[str, str, str], list[dict]] = {}
     for row in rows:
-        groups.setdefault((row["study"], row["dataset"], row["settings"]), []).append(row)
+        groups.setdefault((row["study"], row["dataset"], same_cell(row["settings"])), []).append(row)
 
     def spread(picked: list[dict], column: str, digits: int = 4) -> tuple[float, str]:
         values = [float(row[column]) for row in picked]
@@ -210,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.source:
             base += ["--source", args.source]
         previous = read_rows(args.out)
-        done = {(row["settings"], row["seed"]) for row in previous
+        done = {(same_cell(row["settings"]), row["seed"]) for row in previous
                 if (row["study"], row["dataset"]) == (study, label)}
         todo = [cell for cell in cells(settings, grid, args.seeds)
                 if (settings_text(model, cell), cell["seed"]) not in done]
