@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks.bert4rec_budget import read_rows
-from models import config_fields
+from models import config_fields, recorded_config
 from study.spec.yaml_io import read_yaml
 from study.train.config import split_settings
 from study.train.objectives import resolve_cloze_window_step
@@ -50,7 +50,8 @@ COLUMNS = ("study", "model", "dataset", "seed", "valid_ndcg@10", "test_ndcg@10",
 # where a run happens, not what it trains: left out of ``settings``
 PLACEMENT_KEYS = ("device", "num_threads", "seed")
 # trainer keys added after rows of the CSV were written, each with the value those rows ran as, so that a row from
-# before a key existed and one from after it are the same cell when they trained the same way
+# before a key existed and one from after it are the same cell when they trained the same way (a model's own such
+# keys are its config's ADDED_AFTER, read through models.recorded_config)
 INTRODUCED_KEYS = {"compile_mode": "default",  # before it, no step replayed CUDA graphs
                    "cloze_window_step": "0"}   # before it, cloze trained on each user's newest window only
 
@@ -102,14 +103,16 @@ def settings_text(model: str, cell: dict[str, str]) -> str:
             defaults[name] = field.default_factory()
     config = {**defaults, **model_values, **dataclasses.asdict(train)}
     return same_cell(";".join(f"{key}={canonical(config[key])}" for key in sorted(config)
-                              if key not in (*PLACEMENT_KEYS, "num_items")))
+                              if key not in (*PLACEMENT_KEYS, "num_items")), model)
 
 
-def same_cell(text: str) -> str:
-    """A row's ``settings`` in today's spelling: a key the trainer gained after the row was written gets the value
-    the row ran as (``INTRODUCED_KEYS``), and ``cloze_window_step`` is the step the run used (0 for an objective
-    without cloze windows, 0.1 x max_len for the cloze default), not how it was asked for."""
-    settings = {**INTRODUCED_KEYS, **_parse_settings(text)}
+def same_cell(text: str, model: str) -> str:
+    """A row's ``settings`` in today's spelling: a key the trainer or the row's model gained after the row was
+    written gets the value the row ran as (``INTRODUCED_KEYS``, ``models.recorded_config``), and
+    ``cloze_window_step`` is the step the run used (0 for an objective without cloze windows, 0.1 x max_len for the
+    cloze default), not how it was asked for."""
+    recorded = {**INTRODUCED_KEYS, **_parse_settings(text)}
+    settings = {key: canonical(value) for key, value in recorded_config(model, recorded).items()}
     step = settings["cloze_window_step"]
     settings["cloze_window_step"] = str(resolve_cloze_window_step(
         settings.get("objective", ""), None if step == "None" else int(step), int(settings.get("max_len", 0)),
@@ -163,7 +166,7 @@ def table(rows: list[dict]) -> str:
     starred. The columns name the settings that differ between that pair's cells."""
     groups: dict[tuple[str, str, str], list[dict]] = {}
     for row in rows:
-        groups.setdefault((row["study"], row["dataset"], same_cell(row["settings"])), []).append(row)
+        groups.setdefault((row["study"], row["dataset"], same_cell(row["settings"], row["model"])), []).append(row)
 
     def spread(picked: list[dict], column: str, digits: int = 4) -> tuple[float, str]:
         values = [float(row[column]) for row in picked]
@@ -227,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.source:
             base += ["--source", args.source]
         previous = read_rows(args.out)
-        done = {(same_cell(row["settings"]), row["seed"]) for row in previous
+        done = {(same_cell(row["settings"], row["model"]), row["seed"]) for row in previous
                 if (row["study"], row["dataset"]) == (study, label)}
         todo = [cell for cell in cells(settings, grid, args.seeds)
                 if (settings_text(model, cell), cell["seed"]) not in done]

@@ -7,8 +7,11 @@ probability is a trainer key (``mask_prob``): 0.2 for MovieLens, 0.6 for Beauty 
 
 Choices stated explicitly:
 - Output head: BERT's prediction transform ``LN(GELU(W h + b))``, then a dot product with the tied
-  item embedding (as in the paper and RecBole 1.2). The paper's per-item output bias is left out,
-  because the project's scoring contract is ``hidden @ item_weights().T`` for every model.
+  item embedding plus a per-item output bias, the paper's ``softmax(GELU(h W^P + b^P) E^T + b^O)`` (RecBole 1.2
+  has the bias too). The bias joins the house scoring contract ``hidden @ item_weights().T`` as one more
+  column: the hidden state ends in a constant 1 and each item's weight row in its bias, so every objective, the
+  evaluator and the exports score ``h·e_i + b_i`` without knowing of it. ``output_bias: false`` leaves it out,
+  as the zoo did until 2026-11-27; the reproduction studies that ran before then pin it so (their files say so).
 - The mask token is id ``num_items + 1`` (one extra embedding row); :meth:`item_weights` drops it so it
   is never ranked.
 - Next-item prediction appends the mask token: the window is shifted left by one and the mask sits at
@@ -50,6 +53,7 @@ Cotten4Rec (``models/cotten4rec.py``) reuses this backbone and swaps the token m
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -80,6 +84,9 @@ class BERT4RecConfig(ModelConfig):
     # cloze samples per training window and step (the reference code's dupe_factor); see the module docstring
     cloze_copies: int = positive(1)
     cloze_last_item_samples: bool = False  # one more sample per window that masks only its newest item (§3.6)
+    output_bias: bool = True  # the paper's per-item output bias b^O (see "Output head" above)
+
+    ADDED_AFTER: ClassVar[dict[str, Any]] = {"output_bias": False}  # runs recorded before 2026-11-27 had none
 
 
 @register("bert4rec")
@@ -101,6 +108,9 @@ class BERT4Rec(SeqRecModel):
         self.head = nn.Sequential(nn.Linear(c.hidden_size, c.hidden_size), nn.GELU(),
                                   nn.LayerNorm(c.hidden_size, eps=1e-12))
         self.apply(init_weights)
+        # zero at the start, as BERT's and RecBole's; Cotten4Rec, which reuses this class with a config that has no
+        # such key, keeps the head without it
+        self.output_bias = nn.Parameter(torch.zeros(c.num_items + 1)) if getattr(c, "output_bias", False) else None
 
     def make_mixer(self, config: ModelConfig) -> TokenMixer:
         """The token mixer of one block; subclasses (Cotten4Rec) replace the softmax attention here."""
@@ -109,10 +119,16 @@ class BERT4Rec(SeqRecModel):
 
     def forward(self, items: torch.Tensor) -> torch.Tensor:
         valid = items > 0
-        return self.head(self.encoder(self.embedding(items), valid))
+        hidden = self.head(self.encoder(self.embedding(items), valid))
+        if self.output_bias is None:
+            return hidden
+        return torch.cat([hidden, hidden.new_ones(*hidden.shape[:-1], 1)], dim=-1)  # the bias's column: see above
 
     def last_hidden(self, items: torch.Tensor) -> torch.Tensor:
         return self.forward(next_item_query(items, self.mask_token, self.config.max_len))[:, -1]
 
     def item_weights(self) -> torch.Tensor:
-        return self.embedding.items.weight[: self.config.num_items + 1]
+        weights = self.embedding.items.weight[: self.config.num_items + 1]
+        if self.output_bias is None:
+            return weights
+        return torch.cat([weights, self.output_bias[:, None].to(weights.dtype)], dim=1)

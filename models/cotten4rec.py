@@ -13,8 +13,9 @@ Choices where the paper is open:
   scale never enlarges V (the Cottention reference code); the paper's Eq. 9 writes ``1/n^m``.
 - Backbone, defaults and cloze training are BERT4Rec's (``models/bert4rec.py``): 2 layers, 2 heads,
   d = 64, FFN 256, GELU, dropout 0.1, tied output embedding behind BERT's prediction transform (the
-  paper's Eq. 11; its "additional two-layer FFN" remark is not followed). There is no attention
-  dropout: cosine attention has no probability matrix to drop from.
+  paper's Eq. 11; its "additional two-layer FFN" remark is not followed). Eq. 11 scores ``h·e_i`` alone, so
+  BERT4Rec's per-item output bias is not part of this head. There is no attention dropout: cosine attention
+  has no probability matrix to drop from.
 - The paper's optimiser settings (lr 1e-3, weight decay 1e-3, grad clip 1.0, batch 128) are trainer
   keys; they are set in ``search_spaces/paper/cotten4rec.yaml``.
 

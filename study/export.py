@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 import torch
 import yaml
 
+import models
 from study.analysis.runs import TUNE_DIR, load_results, selection_metric
 from study.errors import UserError, print_error
 from study.search.trial import MODELS_DIR
@@ -100,14 +101,15 @@ def export_model(study_dir: str | Path, out: str | Path, trial: str | None = Non
     study_dir, out = Path(study_dir), Path(out)
     trial_id, study = choose_trial(study_dir, trial)
     weights, info = find_best_model(study_dir, trial_id)
-    model_config = dict(info["model_config"])
+    # a run recorded before a model key existed rebuilds, and retrains from config.yaml, as it ran (not today's default)
+    model_config = models.recorded_config(info["model"], dict(info["model_config"]))
     path = prepared_dataset(study, info["dataset"], int(model_config.get("max_len", 50)))
     items = raw_items(path)  # before anything is written: a dataset without the item map is an error
     if out.exists() and any(out.iterdir()):
         raise UserError(f"{out} exists and is not empty; give a new folder")
     out.mkdir(parents=True, exist_ok=True)
     torch.save(weights, out / BEST_WEIGHTS_FILE)
-    info = {**info, "study": study.get("name"), "trial_id": trial_id}
+    info = {**info, "model_config": model_config, "study": study.get("name"), "trial_id": trial_id}
     (out / BEST_INFO_FILE).write_text(json.dumps(info, indent=2, default=str) + "\n")
     settings = {**info.get("settings", {}), **{k: v for k, v in model_config.items() if k not in DATA_SIZED}}
     (out / CONFIG_FILE).write_text(f"# python -m study.train --model {info['model']} --dataset "

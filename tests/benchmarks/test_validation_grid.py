@@ -38,29 +38,39 @@ def test_a_cell_is_its_whole_configuration_whatever_keys_named_it() -> None:
     assert validation_grid.settings_text(model, {**settings, "mask_prob": "0.4"}) != plain
 
 
-def test_rows_from_before_a_trainer_key_existed_join_the_cell_they_ran_as() -> None:
+def test_rows_from_before_a_key_existed_join_the_cell_they_ran_as() -> None:
+    def without(text: str, *keys: str) -> str:
+        return ";".join(part for part in text.split(";") if part.split("=")[0] not in keys)
+
     _, model, _, settings = validation_grid.study_settings(REPRODUCTION / "sasrec.yaml")
     today = validation_grid.settings_text(model, {**settings, "seed": "1"})
     # a SASRec row written before compile_mode and cloze_window_step were trainer keys ran as today's defaults do
-    older = ";".join(part for part in today.split(";") if not part.startswith(("compile_mode=", "cloze_window_step=")))
-    assert older != today and validation_grid.same_cell(older) == today
-    assert validation_grid.same_cell(today.replace("cloze_window_step=0", "cloze_window_step=None")) == today
-    assert validation_grid.same_cell(today.replace("compile_mode=default", "compile_mode=reduce-overhead")) != today
+    older = without(today, "compile_mode", "cloze_window_step")
+    assert older != today and validation_grid.same_cell(older, model) == today
+    asked = today.replace("cloze_window_step=0", "cloze_window_step=None")
+    assert validation_grid.same_cell(asked, model) == today
+    graphs = today.replace("compile_mode=default", "compile_mode=reduce-overhead")
+    assert validation_grid.same_cell(graphs, model) != today
+    assert "output_bias" not in today  # BERT4Rec's key: not filled in for a model without it
 
     _, model, _, settings = validation_grid.study_settings(REPRODUCTION / "bert4rec-sliding-windows.yaml")
     sliding = validation_grid.settings_text(model, {**settings, "seed": "1"})
     assert "cloze_window_step=5" in sliding.split(";")  # 0.1 x max_len, whether the study names it or not
-    assert validation_grid.settings_text(model, {**{k: v for k, v in settings.items() if k != "cloze_window_step"},
-                                                 "seed": "1"}) == sliding
+    unnamed = {key: value for key, value in settings.items() if key != "cloze_window_step"}
+    assert validation_grid.settings_text(model, {**unnamed, "seed": "1"}) == sliding
     # a cloze row from before the key trained each user's newest window: another cell than the sliding windows
-    newest = ";".join(part for part in sliding.split(";") if not part.startswith("cloze_window_step="))
-    assert "cloze_window_step=0" in validation_grid.same_cell(newest).split(";")
+    assert "cloze_window_step=0" in validation_grid.same_cell(without(sliding, "cloze_window_step"), model).split(";")
+    # a BERT4Rec row from before output_bias ran without the bias: the study's pinned false, not today's default
+    assert "output_bias=false" in sliding.split(";")
+    assert validation_grid.same_cell(without(sliding, "output_bias"), model) == sliding
+    biased = validation_grid.settings_text(model, {**settings, "output_bias": "true", "seed": "1"})
+    assert biased != sliding and "output_bias=true" in biased.split(";")
 
 
 def test_the_table_stars_the_best_validation_cell_and_shows_what_differs() -> None:
     def row(lr: str, seed: int, valid: float, test: float) -> dict[str, str]:
-        return {"study": "sasrec", "dataset": "ml-100k", "seed": str(seed), "valid_ndcg@10": str(valid),
-                "test_ndcg@10": str(test), "best_epoch": "10", "epochs_run": "20",
+        return {"study": "sasrec", "model": "sasrec", "dataset": "ml-100k", "seed": str(seed),
+                "valid_ndcg@10": str(valid), "test_ndcg@10": str(test), "best_epoch": "10", "epochs_run": "20",
                 "settings": f"batch_size=128;lr={lr};max_len=50"}
 
     text = validation_grid.table([row("0.001", 1, 0.06, 0.03), row("0.001", 2, 0.04, 0.05),

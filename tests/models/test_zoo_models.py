@@ -329,6 +329,34 @@ def test_bert4rec_ranks_the_next_item_through_an_appended_mask_token(data, windo
         assert_differ(query, model(windows)[:, -1], atol=1e-4)
 
 
+def test_bert4rec_scores_add_the_papers_output_bias_through_the_scoring_contract(data, windows):
+    """softmax(GELU(h W^P + b^P) E^T + b^O): the bias b^O rides as one more column of the hidden state (a
+    constant 1) and of the item weights (the bias), so ``hidden @ item_weights().T`` is ``h·e_i + b_i``."""
+    model = build(data, "bert4rec").eval()
+    plain = build(data, "bert4rec", output_bias=False).eval()
+    assert plain.output_bias is None and plain.item_weights().shape == (data.num_items + 1, 64)
+    assert model.item_weights().shape == (data.num_items + 1, 65)
+    assert torch.count_nonzero(model.output_bias) == 0  # zero at the start, as BERT's
+    plain.load_state_dict({k: v for k, v in model.state_dict().items() if k != "output_bias"})
+    with torch.no_grad():
+        model.output_bias.copy_(torch.randn(data.num_items + 1))
+        model.output_bias[7] = 1e3  # an item every query must then rank first
+        query, plain_query = model.last_hidden(windows), plain.last_hidden(windows)
+        torch.testing.assert_close(query[:, :-1], plain_query)
+        assert (query[:, -1] == 1).all()
+        scores = query @ model.item_weights().T
+        torch.testing.assert_close(scores, plain_query @ plain.item_weights().T + model.output_bias)
+        assert (scores[:, 1:].argmax(dim=1) + 1 == 7).all()
+    # the cloze loss trains the bias of every item (full softmax), from its zero start
+    model = build(data, "bert4rec").train()
+    loss = objective_loss("cloze", model, torch.as_tensor(data.train[:32], dtype=torch.long), mask_prob=0.2,
+                          generator=torch.Generator().manual_seed(0))
+    loss.backward()
+    assert torch.isfinite(model.output_bias.grad).all() and model.output_bias.grad[1:].abs().min() > 0
+    # Cotten4Rec reuses BERT4Rec's head; its config has no such key, and its scores stay h·e_i
+    assert build(data, "cotten4rec").output_bias is None
+
+
 # --------------------------------------------------------------------------- gradients
 
 
