@@ -115,8 +115,7 @@ def same_cell(text: str, model: str) -> str:
     settings = {key: canonical(value) for key, value in recorded_config(model, recorded).items()}
     step = settings["cloze_window_step"]
     settings["cloze_window_step"] = str(resolve_cloze_window_step(
-        settings.get("objective", ""), None if step == "None" else int(step), int(settings.get("max_len", 0)),
-        model_name="this row's model"))
+        settings.get("objective", ""), None if step == "None" else int(step), int(settings.get("max_len", 0)), model))
     return ";".join(f"{key}={settings[key]}" for key in sorted(settings))
 
 

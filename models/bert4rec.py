@@ -131,4 +131,4 @@ class BERT4Rec(SeqRecModel):
         weights = self.embedding.items.weight[: self.config.num_items + 1]
         if self.output_bias is None:
             return weights
-        return torch.cat([weights, self.output_bias[:, None].to(weights.dtype)], dim=1)
+        return torch.cat([weights, self.output_bias[:, None]], dim=1)
