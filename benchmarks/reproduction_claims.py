@@ -12,7 +12,8 @@ from dataclasses import dataclass
 MAIN_STUDIES = ("sasrec", "bert4rec", "gru4rec", "fpmc", "hstu", "linrec", "recgrela", "cotten4rec", "elastic",
                 "sasrec-1l1h", "lisa-base", "lisa-soft", "lisa-mini")
 # studies that each change one part of a model, shown in a table beside the full model's and its other variants
-# (BERT4Rec's "ablations" change its training samples, its regularisation or its budget, not its network)
+# (BERT4Rec's "ablations" change its training samples, its regularisation or its budget; the whole-history study
+# also has the paper's output bias, which the newest-window studies ran without)
 ABLATION_GROUPS = {"ELASTIC": ("elastic", "elastic-mean-query", "elastic-no-imr", "elastic-no-dispatcher"),
                    # SASRec trained with ELASTIC's objective: ELASTIC's comparison with its architecture alone changed
                    "SASRec": ("sasrec", "sasrec-last"),
@@ -49,8 +50,9 @@ class Claim:
 CLAIMS = (
     Claim("BERT4Rec reaches at least 0.9x SASRec's NDCG@10 when trained long enough",
           "Klenitskiy & Vasilev, RecSys 2023", "bert4rec", "sasrec", "ratio", 0.9),
-    Claim("BERT4Rec trained on its reference code's windows, which cover the whole history, reaches at least 0.9x "
-          "SASRec's NDCG@10", "Klenitskiy & Vasilev, RecSys 2023", "bert4rec-sliding-windows", "sasrec", "ratio", 0.9),
+    Claim("BERT4Rec trained on its reference code's windows, which cover the whole history, with its paper's "
+          "output bias, reaches at least 0.9x SASRec's NDCG@10", "Klenitskiy & Vasilev, RecSys 2023",
+          "bert4rec-sliding-windows", "sasrec", "ratio", 0.9),
     Claim("BERT4Rec on its reference code's windows reaches at least 0.9x SASRec trained on the whole history too "
           "(CE at the last position of every prefix)", "Klenitskiy & Vasilev, RecSys 2023",
           "bert4rec-sliding-windows", "sasrec-last", "ratio", 0.9),

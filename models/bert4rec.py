@@ -11,7 +11,8 @@ Choices stated explicitly:
   has the bias too). The bias joins the house scoring contract ``hidden @ item_weights().T`` as one more
   column: the hidden state ends in a constant 1 and each item's weight row in its bias, so every objective, the
   evaluator and the exports score ``h·e_i + b_i`` without knowing of it. ``output_bias: false`` leaves it out,
-  as the zoo did until 2026-11-27; the reproduction studies that ran before then pin it so (their files say so).
+  as the zoo did until 2026-11-27; the newest-window reproduction studies, which ran before then, pin it so. On
+  LastFM's whole-history windows validation picked the bias over twenty seeds (docs/reproduction.md).
 - The mask token is id ``num_items + 1`` (one extra embedding row); :meth:`item_weights` drops it so it
   is never ranked.
 - Next-item prediction appends the mask token: the window is shifted left by one and the mask sits at
@@ -30,9 +31,9 @@ Choices stated explicitly:
   starts 0.1 · max_len items apart (its ``prop_sliding_window`` 0.1), which the paper's "training sequences" are in
   that code; 0 keeps each user's newest window only (what data-parallel and streamed studies hold). The newest
   window holds 40 % of ml-100k's training items and half of LastFM's; the whole-history windows lifted test
-  NDCG@10 from 0.95x SASRec's to 1.15x on ml-100k and from 0.54x to 0.89x on LastFM (five seeds each,
-  docs/reproduction.md; 0.87-0.88x over twenty seeds on a GPU, with the mask probability picked on validation;
-  every BERT4Rec study archived before 2026-11-27 trained on the newest windows and says so in its file). The
+  NDCG@10 from 0.95x SASRec's to 1.14x on ml-100k and from 0.54x to 0.96x on LastFM (five seeds each, with the
+  output bias, docs/reproduction.md; 0.90x over twenty seeds on LastFM, 0.87-0.88x without the bias; the other
+  BERT4Rec studies archived before 2026-11-27 trained on the newest windows and say so in their files). The
   §3.6 samples stay off by default because they cost accuracy: on ml-100k (mask probability 0.2, lr 1e-3, newest
   windows) they lowered test NDCG@10 from 0.0499 to 0.0413, and a higher mask probability
   won back only part of it (``benchmarks/results/validation_grid.md``).

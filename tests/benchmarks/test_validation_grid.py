@@ -60,11 +60,16 @@ def test_rows_from_before_a_key_existed_join_the_cell_they_ran_as() -> None:
     assert validation_grid.settings_text(model, {**unnamed, "seed": "1"}) == sliding
     # a cloze row from before the key trained each user's newest window: another cell than the sliding windows
     assert "cloze_window_step=0" in validation_grid.same_cell(without(sliding, "cloze_window_step"), model).split(";")
-    # a BERT4Rec row from before output_bias ran without the bias: the study's pinned false, not today's default
-    assert "output_bias=false" in sliding.split(";")
-    assert validation_grid.same_cell(without(sliding, "output_bias"), model) == sliding
-    biased = validation_grid.settings_text(model, {**settings, "output_bias": "true", "seed": "1"})
-    assert biased != sliding and "output_bias=true" in biased.split(";")
+    # a BERT4Rec row from before output_bias ran without the bias: the cell of a study that pins it off (the
+    # newest-window study), never that of the whole-history study, which runs with it
+    assert "output_bias=true" in sliding.split(";")
+    assert "output_bias=false" in validation_grid.same_cell(without(sliding, "output_bias"), model).split(";")
+    _, model, _, newest = validation_grid.study_settings(REPRODUCTION / "bert4rec.yaml")
+    pinned = validation_grid.settings_text(model, {**newest, "seed": "1"})
+    assert "output_bias=false" in pinned.split(";")
+    assert validation_grid.same_cell(without(pinned, "output_bias"), model) == pinned
+    biased = validation_grid.settings_text(model, {**newest, "output_bias": "true", "seed": "1"})
+    assert biased != pinned and "output_bias=true" in biased.split(";")
 
 
 def test_the_table_stars_the_best_validation_cell_and_shows_what_differs() -> None:
