@@ -11,6 +11,8 @@ A sweep (:mod:`study.search`) writes these files, ``study.replicate`` adds repli
     trials.csv          the same table as CSV
     history.parquet     one row per trial and epoch
     tune/               Ray Tune's own experiment state (``--resume``) and TensorBoard event files
+    clock.json          the seconds of the study's time budget spent so far, over every session
+    sweep.lock          held by the sweep that is writing the folder: host, process id, start time
     replicates/NNN/     one ``study.replicate`` batch: plan.json, trials/, tables
     replicates.parquet  every replicate row of every batch (and replicates.csv)
 
@@ -44,6 +46,8 @@ TRIALS_FILE = "trials.parquet"
 TRIALS_CSV_FILE = "trials.csv"
 HISTORY_FILE = "history.parquet"
 TUNE_DIR = "tune"
+CLOCK_FILE = "clock.json"
+LOCK_FILE = "sweep.lock"
 REPLICATES_DIR = "replicates"
 REPLICATES_FILE = "replicates.parquet"
 REPLICATES_CSV_FILE = "replicates.csv"

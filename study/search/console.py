@@ -7,18 +7,25 @@ terminal's width; the full figures are in ``trials.parquet`` / ``history.parquet
 * once: the searched keys' abbreviations (``keys: hs=hidden_size, nl=num_layers``), when any key is abbreviated;
 * a line per trial when it ends: its id, outcome, epochs and objectives, and its searched values (and its
   seed, when the trial's config sets one: a replicate);
-* a status line at most every ``every_s`` seconds while something changed: elapsed time, trial counts by state,
-  the best objective so far.
+* a status line at most every ``every_s`` seconds while something changed, and at least every ``progress_s``
+  seconds while trials run: elapsed time, trial counts by state, the best objective so far; the at-least-once
+  line is followed by one per running trial (its epoch and its best objective so far), so a sweep of long
+  epochs still shows that it moves;
+* once, when the trials' median epoch takes over ``SLOW_FACTOR`` times the driver's estimate (a busy machine):
+  the measured epoch time and what the study's epochs then cost.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
 WIDTH = 120
 ABBREVIATE_OVER = 8  # key names this long or longer are abbreviated in the console lines
+PROGRESS_S = 60.0  # the longest a running sweep goes without a line
+SLOW_FACTOR = 2.0  # epochs this many times slower than estimated are worth a warning
 
 
 def abbreviations(keys: list[str]) -> dict[str, str]:
@@ -55,6 +62,10 @@ def _clock(seconds: float) -> str:
     return f"{hours:d}:{minutes:02d}:{secs:02d}"
 
 
+def _duration(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
 def _trial_id(trial: Any) -> str:
     return str(getattr(trial, "trial_id", trial))
 
@@ -67,8 +78,12 @@ class StatusReporter:
     """
 
     def __init__(self, objectives: dict[str, tuple[str, str]], keys: list[str], every_s: float = 30.0,
-                 print_fn: Callable[[str], Any] | None = None) -> None:
-        self.objectives, self.keys, self.every_s = objectives, list(keys), every_s
+                 print_fn: Callable[[str], Any] | None = None, expected_epoch_s: float | None = None,
+                 progress_s: float = PROGRESS_S, budget_line: Callable[[float], str | None] | None = None) -> None:
+        self.objectives, self.keys, self.every_s, self.progress_s = objectives, list(keys), every_s, progress_s
+        self.expected_epoch_s = expected_epoch_s  # the driver's estimate (cost line), for the slow-epoch warning
+        self.budget_line = budget_line  # the study's time against its budget, for a given epoch time
+        self._slow_said = False
         self.short = abbreviations(self.keys)
         # None = the print of the moment: Tune pickles the reporter with the experiment, and a stored builtin
         # print fails to pickle once a library has wrapped it
@@ -104,9 +119,40 @@ class StatusReporter:
                 self._print(self.trial_line(trial))
         counts = self._counts(trials)
         now = time.time()
-        if done or (counts != self._last_counts and now - self._last_time >= self.every_s):
+        quiet_too_long = bool(self._last_time) and now - self._last_time >= self.progress_s  # (not at the start)
+        if done or quiet_too_long or (counts != self._last_counts and now - self._last_time >= self.every_s):
             self._last_counts, self._last_time = counts, now
             self._print(self.status_line(trials, now))
+            if quiet_too_long and not done:
+                for trial in trials:
+                    if trial.status == "RUNNING":
+                        self._print(self.progress_line(trial))
+        self._warn_if_slow(trials)
+
+    def progress_line(self, trial: Any) -> str:
+        """``  6852f146 epoch 4  best valid_ndcg@10 0.0215`` (or ``no epoch yet``) for a running trial."""
+        result = getattr(trial, "last_result", None) or {}
+        if "epoch" not in result:
+            return f"  {_trial_id(trial)} no epoch yet"
+        best = "  ".join(f"best {name} {format_value(result[key])}" for key, (name, _) in self.objectives.items()
+                         if key in result)
+        return fit(f"  {_trial_id(trial)} epoch {result['epoch']}  {best}".rstrip())
+
+    def _warn_if_slow(self, trials: list[Any]) -> None:
+        if self._slow_said or not self.expected_epoch_s:
+            return
+        times = [float(t.last_result["median_epoch_time_s"]) for t in trials
+                       if isinstance((getattr(t, "last_result", None) or {}).get("median_epoch_time_s"), (int, float))]
+        if not times:
+            return
+        measured = statistics.median(times)
+        if measured > SLOW_FACTOR * self.expected_epoch_s:
+            self._slow_said = True
+            self._print(fit(f"epochs run {measured / self.expected_epoch_s:.1f}x slower than estimated "
+                            f"({_duration(measured)} measured vs ~{_duration(self.expected_epoch_s)}): a busy machine"))
+            again = self.budget_line(measured) if self.budget_line else None
+            if again:
+                self._print("at the measured speed, " + again)
 
     def _counts(self, trials: list[Any]) -> tuple:
         states: dict[str, int] = {}

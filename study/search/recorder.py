@@ -3,7 +3,7 @@
 * ``trials/<trial_id>.json``: written by the driver the moment a trial ends (ok, stopped or failed). These records
   are the source of truth: a study killed with SIGKILL keeps every trial that finished, and a resumed trial whose
   record exists is replayed instead of retrained, unless the record says its process was lost
-  (:func:`lost_process`): a trial killed with its study trains again on ``--resume``.
+  (:func:`study.search.records.lost_process`): a trial killed with its study trains again on ``--resume``.
 * ``trials.parquet`` + ``trials.csv``: one row per trial (schema of :mod:`study.train.results` plus the sweep's columns:
   ``trial_id``, ``stop_reason``, ``step_time_ms``, ``config.<key>`` for every setting, ``optuna_number``).
 * ``history.parquet``: one row per trial and epoch.
@@ -20,7 +20,6 @@ crash) never sees half a file (:mod:`study.search.records` reads and writes the 
 from __future__ import annotations
 
 import json
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -34,13 +33,19 @@ from ray.tune import Callback
 import models
 from study.analysis import pareto
 from study.analysis.runs import RECORDS_DIR, table_paths
+from study.search.budget import StudyClock
 from study.search.console import WIDTH, abbreviations, fit
 from study.search.records import (
+    STATUS_FAILED,
+    STATUS_OK,
+    STUDY_TIME_BUDGET,
     append_history,
     atomic_write,
+    lost_process,
     partial_history_path,
     read_partial_histories,
     read_records,
+    trains_on,
     write_record,
 )
 from study.storage import Mirror
@@ -50,26 +55,12 @@ from study.train.padding import trims_padding
 from study.train.results import json_safe, protocol_of
 
 EPOCH_KEYS = ("epoch", "train_loss", "best_epoch", "epoch_time_s", "throughput", "wall_time_s")
-STATUS_OK, STATUS_FAILED = "ok", "failed"
-# Ray's errors for a trial whose worker process or node went away rather than one its own code raised: a study
-# stopped with SIGTERM or a lost node ends its running trials with these. They say nothing about the configuration,
-# so such a trial trains again on --resume instead of being replayed as failed.
-LOST_PROCESS_ERRORS = frozenset({"ActorDiedError", "ActorUnavailableError", "RayActorError", "WorkerCrashedError",
-                                 "NodeDiedError", "OwnerDiedError", "LocalRayletDiedError"})
-
-
 def is_epoch_key(key: str) -> bool:
     return key in EPOCH_KEYS or key.startswith(("valid_", "best_valid_", "test_"))
 
 
 def history_row(result: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in result.items() if is_epoch_key(k)}
-
-
-def lost_process(record: dict[str, Any]) -> bool:
-    """Whether a failed record failed because its process was lost (see ``LOST_PROCESS_ERRORS``)."""
-    error = record.get("error") or ""
-    return record["status"] == STATUS_FAILED and error.split(":", 1)[0].strip() in LOST_PROCESS_ERRORS
 
 
 def stop_reason(status: str, last: dict[str, Any], settings: dict[str, Any], *, scheduler_stop: bool,
@@ -91,7 +82,7 @@ def stop_reason(status: str, last: dict[str, Any], settings: dict[str, Any], *, 
     if scheduler_stop:
         return "stopped"
     if study_budget_over:
-        return "study_time_budget"
+        return STUDY_TIME_BUDGET
     if last and float(settings.get("time_budget_s", 0) or 0) > 0:
         return "trial_time_budget"
     return "stopped"
@@ -195,9 +186,13 @@ def summary(trials: pd.DataFrame, objectives: dict[str, str], searched: list[str
     """A few lines: trial counts, the best trials (or the Pareto front), and where the files are."""
     lines = []
     counts = trials["status"].value_counts().to_dict() if not trials.empty else {}
-    early = trials["stop_reason"].isin(["stopped", "study_time_budget"]).sum() if not trials.empty else 0
-    lines.append(f"{len(trials)} trials: {counts.get(STATUS_OK, 0)} ok ({early} stopped early by ASHA or the study's "
-                 f"time budget), {counts.get(STATUS_FAILED, 0)} failed")
+    reasons = trials["stop_reason"].value_counts().to_dict() if not trials.empty else {}
+    early = [f"{reasons[r]} {what}" for r, what in (("stopped", "stopped early by ASHA"),
+                                                    (STUDY_TIME_BUDGET, "stopped by the study's time budget"))
+             if reasons.get(r)]
+    early_text = f" ({', '.join(early)})" if early else ""
+    failures = counts.get(STATUS_FAILED, 0)
+    lines.append(f"{len(trials)} trials: {counts.get(STATUS_OK, 0)} ok{early_text}, {failures} failed")
     metrics = list(objectives)
     ok = trials[trials["status"] == STATUS_OK].dropna(subset=[m for m in metrics if m in trials]) \
         if not trials.empty else trials
@@ -231,6 +226,8 @@ def files_lines(paths: dict[str, Path]) -> list[str]:
     lines = [f"files in {folder}:"]
     for path in paths.values():
         path = Path(path)
+        if not path.exists():  # e.g. trials/ of a study stopped before any trial reported
+            continue
         name = str(path.relative_to(folder)) if path.is_relative_to(folder) else str(path)
         lines.append(f"  {name}/" if path.is_dir() else f"  {name}")
     return lines
@@ -323,8 +320,10 @@ class SweepRecorder(Callback):
     :class:`TableWriter` and are complete when the experiment ends (``on_experiment_end``).
     """
 
-    def __init__(self, out_dir: str, context: dict[str, Any], mirror: Mirror | None = None):
+    def __init__(self, out_dir: str, context: dict[str, Any], mirror: Mirror | None = None,
+                 clock: StudyClock | None = None):
         self.out_dir, self.context, self.mirror = out_dir, context, mirror
+        self.clock = clock  # the study's time budget; a resumed study's recorder gets this session's clock
         self.history: dict[str, list[dict]] = {}
         self.last: dict[str, dict] = {}
         self.records: dict[str, dict] = {}
@@ -350,12 +349,10 @@ class SweepRecorder(Callback):
         self.history = read_partial_histories(Path(self.out_dir) / RECORDS_DIR)
         self.records = read_records(Path(self.out_dir) / RECORDS_DIR)
         for trial_id, record in self.records.items():
-            if lost_process(record) and trial_id not in self.history:
+            if trains_on(record) and trial_id not in self.history:
                 # it trains again, from its last checkpoint if it has one: keep the epochs it reported, as for a
                 # trial that was running when the study was killed
                 self.history[trial_id] = record["history"]
-        budget = self.context["study_time_budget_s"]
-        self.deadline = time.time() + budget if budget else math.inf
         self._writer = TableWriter(self._write_tables)
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
@@ -375,6 +372,12 @@ class SweepRecorder(Callback):
         self._record(trial, STATUS_FAILED, _error_message(trial))
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
+        if self.clock is not None and self.clock.spent:
+            # the time budget ended the study under these trials (study.search.budget): each one's last report
+            # holds its best epoch so far, which is a result; a --resume given more time continues them
+            for trial in trials:
+                if trial.trial_id in self.last:
+                    self._record(trial, STATUS_OK, "")
         if getattr(self, "_writer", None) is not None:
             self._writer.close()  # the tables are complete before Tuner.fit() returns
             self._writer = None
@@ -382,6 +385,8 @@ class SweepRecorder(Callback):
     def _record(self, trial: Any, status: str, error: str) -> None:
         last = self.last.pop(trial.trial_id, None) or {}
         earlier = self.records.get(trial.trial_id)
+        if not last and earlier is not None and status == STATUS_OK:
+            return  # no new epoch since its record (a resumed trial the budget stopped again at once)
         if last.get("replayed") or (status == STATUS_FAILED and earlier is not None
                                     and earlier["status"] == STATUS_FAILED and not lost_process(earlier)):
             return  # recorded before an interruption and replayed now (a lost process trains again instead)
@@ -392,7 +397,7 @@ class SweepRecorder(Callback):
             "status": status,
             "error": error,
             "stop_reason": stop_reason(status, report, settings, scheduler_stop=bool(last.get("done")),
-                                       study_budget_over=time.time() >= self.deadline - 1.0),
+                                       study_budget_over=self.clock is not None and self.clock.spent),
             "config": dict(trial.config),
             "started_at": report.get("trial_started_at"),
             "finished_at": time.time(),

@@ -16,6 +16,26 @@ from typing import Any
 
 from study.train.results import json_safe
 
+STATUS_OK, STATUS_FAILED = "ok", "failed"
+STUDY_TIME_BUDGET = "study_time_budget"  # the stop reason of a trial the study's time budget ended
+# Ray's errors for a trial whose worker process or node went away rather than one its own code raised: a study
+# stopped with SIGTERM or a lost node ends its running trials with these. They say nothing about the configuration,
+# so such a trial trains again on --resume instead of being replayed as failed.
+LOST_PROCESS_ERRORS = frozenset({"ActorDiedError", "ActorUnavailableError", "RayActorError", "WorkerCrashedError",
+                                 "NodeDiedError", "OwnerDiedError", "LocalRayletDiedError"})
+
+
+def lost_process(record: dict[str, Any]) -> bool:
+    """Whether a failed record failed because its process was lost (see ``LOST_PROCESS_ERRORS``)."""
+    error = record.get("error") or ""
+    return record["status"] == STATUS_FAILED and error.split(":", 1)[0].strip() in LOST_PROCESS_ERRORS
+
+
+def trains_on(record: dict[str, Any]) -> bool:
+    """Whether a recorded trial trains again on ``--resume`` rather than being replayed: its process was lost, or
+    the study's time budget stopped it (its record holds the result so far; a resume given more time goes on)."""
+    return lost_process(record) or record.get("stop_reason") == STUDY_TIME_BUDGET
+
 
 def atomic_write(path: Path, write: Callable[[io.BufferedWriter], None]) -> None:
     """Write through ``write(file)`` into a temporary sibling, fsync, then rename over ``path``."""

@@ -20,25 +20,42 @@ Selection uses validation only: a ``valid_…`` objective is read at the trial's
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
 import os
-import textwrap
 import time
 from pathlib import Path
 from typing import Any
 
 import models
-from study.analysis.runs import ENVIRONMENT_FILE, OPTUNA_FILE, RECORDS_DIR, STUDY_FILE, TUNE_DIR, table_paths
+from study.analysis.runs import (
+    ENVIRONMENT_FILE,
+    LOCK_FILE,
+    OPTUNA_FILE,
+    RECORDS_DIR,
+    STUDY_FILE,
+    TUNE_DIR,
+    table_paths,
+)
 from study.cluster import check_fits, is_client, start_ray
 from study.errors import UserError
+from study.search.budget import StudyClock, StudyEstimate, budget_grows, check_work_left, estimate_study, fit_line
 from study.search.console import StatusReporter
 from study.search.dashboards import OptunaDashboard
 from study.search.data_parallel import data_parallel_trial
+from study.search.lock import study_lock
 from study.search.recorder import SweepRecorder, build_row, summary, write_tables
 from study.search.records import atomic_write_text, read_records
-from study.search.searcher import StudySearch, close_orphans, make_scheduler, make_searcher, points_space
+from study.search.searcher import (
+    StudySamples,
+    close_orphans,
+    make_scheduler,
+    make_searcher,
+    points_space,
+    study_searcher,
+)
 from study.search.tracking import tracking_callbacks
 from study.search.trial import MODELS_DIR, TrialPlan, sweep_trial, tune_key
 from study.search.windows import (
@@ -73,43 +90,6 @@ def _prepare_data(study: Study) -> tuple[Path, TrialData]:
 
 
 
-def announce_cost(study: Study, data: TrialData) -> str:
-    """One line before the first trial: what an epoch of the study's largest configuration will cost.
-
-    "Largest" takes every searched key at its largest candidate (the last one for non-numeric choices); the step is
-    timed here on the driver with the CPU threads one trial gets.
-    """
-    import torch
-
-    import models
-    from study.train.config import split_settings
-    from study.train.step import TrainStep
-    from study.train.trainer import epoch_cost, resolve_device, with_user_count
-
-    point = {}
-    for key, param in study.search.items():
-        candidates = param.candidates()
-        numeric = all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in candidates)
-        point[key] = max(candidates) if numeric else candidates[-1]
-    settings = study.settings(point)
-    train_cfg, hparams = split_settings(study.model, settings)
-    max_len = hparams.get("max_len", models.model_class(study.model).config_class.max_len)
-    trial_data = data.cropped(max_len)
-    hparams = with_user_count(study.model, {**hparams, "num_items": data.num_items, "max_len": max_len}, data.meta)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(max(1, math.floor(study.resources.cpu)))
-    try:
-        step = TrainStep(models.build(study.model, **hparams), train_cfg, item_popularity=trial_data.item_popularity)
-        cost = epoch_cost(step, trial_data, train_cfg, resolve_device("cpu" if study.resources.gpu == 0 else "auto"))
-        if study.dataset["stream"]:  # the driver holds the first users' windows only: scale to every user's
-            cost = cost.scaled(data.meta["num_users"] / max(1, len(data.train)))
-    finally:
-        torch.set_num_threads(threads)
-    shown = ", ".join(f"{key}={value}" for key, value in point.items() if key != "lr") or "the fixed settings"
-    shown = textwrap.shorten(shown, width=100, placeholder=" ...")
-    return f"largest configuration ({shown}), {study.budget.num_samples} trials:\n" + cost.line(study.budget.max_epochs)
-
-
 def _concurrency(study: Study) -> int:
     """Trials at once: as many as the connected cluster fits (a UserError up front if none does, e.g. no GPU)."""
     spare = STREAM_SPARE_CPUS if study.dataset["stream"] else 0.0
@@ -118,7 +98,7 @@ def _concurrency(study: Study) -> int:
     return fits if wanted == "auto" else min(int(wanted), fits)
 
 
-def _progress_reporter(study: Study) -> Any:
+def _progress_reporter(study: Study, estimate: StudyEstimate | None, concurrency: int) -> Any:
     """Short console lines (:mod:`study.search.console`): a trial's line when it ends, a status line every 30 s.
 
     Tune takes a ProgressReporter only with its classic console output; its newer one ignores the reporter (with
@@ -126,7 +106,8 @@ def _progress_reporter(study: Study) -> Any:
     """
     os.environ["RAY_AIR_NEW_OUTPUT"] = "0"  # read by Tune when the run starts
     objectives = {tune_key(metric): (metric, mode) for metric, mode in study.objectives.items()}
-    return StatusReporter(objectives, list(study.search))
+    return StatusReporter(objectives, list(study.search), expected_epoch_s=estimate.epoch_s if estimate else None,
+                          budget_line=functools.partial(fit_line, study, concurrency=concurrency))
 
 
 def _row_context(study: Study, meta: dict[str, Any]) -> dict[str, Any]:
@@ -161,10 +142,13 @@ def _check_resume(study: Study, out: Path, resume: bool) -> None:
             raise UserError(f"nothing to resume in {out}: no Ray Tune experiment state there; run without --resume")
         stored = yaml.safe_load((out / STUDY_FILE).read_text()) if (out / STUDY_FILE).exists() else {}
         current = study.to_dict()
-        changed = sorted(k for k in set(stored) | set(current) if k != "storage" and stored.get(k) != current.get(k))
+        changed = sorted(k for k in set(stored) | set(current) if k != "storage" and stored.get(k) != current.get(k)
+                         and not (k == "budget" and budget_grows(stored.get(k), current.get(k))))
         if changed:
             raise UserError(f"{out / STUDY_FILE} differs from this study in: {', '.join(changed)}; --resume continues "
-                            "the same study (start a new one under another name or storage)")
+                            "the same study (start a new one under another name or storage), and may only give it "
+                            "more time or samples (budget.time_budget_s, budget.num_samples)")
+        check_work_left(study, out)
     elif restorable or (out / RECORDS_DIR).exists():
         raise UserError(f"{out} already holds study '{study.name}'; pass --resume to continue it, or choose another "
                         "name or storage to start a new one")
@@ -204,6 +188,19 @@ def run_study(study: Study, *, resume: bool = False, dashboard: bool = False, ad
     address the Tune driver runs on the cluster's head node (see :func:`_run_on_head`), which needs such a URI.
     """
     out = Path(storage).resolve() if storage is not None else study.storage  # Tune wants an absolute path
+    with study_lock(out, study.name):  # before anything reads or writes the folder
+        try:
+            return _run_locked(study, out, resume=resume, dashboard=dashboard, address=address, num_cpus=num_cpus,
+                               quiet=quiet, points=points, storage=storage)
+        finally:
+            with contextlib.suppress(OSError):  # a start that failed before writing anything leaves no folder
+                if [p.name for p in out.iterdir()] == [LOCK_FILE]:
+                    (out / LOCK_FILE).unlink()
+                    out.rmdir()
+
+
+def _run_locked(study: Study, out: Path, *, resume: bool, dashboard: bool, address: str, num_cpus: int | None,
+                quiet: bool, points: list[dict[str, Any]] | None, storage: Path | None) -> dict[str, Any]:
     mirror = Mirror(study.storage, study.storage_uri)
     if mirror.uri and storage is None:
         if resume:
@@ -215,19 +212,23 @@ def run_study(study: Study, *, resume: bool = False, dashboard: bool = False, ad
                             "choose another name or storage to start a new one")
     _check_resume(study, out, resume)
     path, base_data = _prepare_data(study)  # before Ray: a missing dataset fails fast, with the recipe's advice
-    if not quiet and points is None:
-        print(announce_cost(study, base_data), flush=True)
+    estimate = None
+    if points is None:  # measured before Ray starts, so that no trial shares the cores with it
+        estimate = estimate_study(study, base_data)
+        if not quiet:
+            print(estimate.text, flush=True)
     if is_client(address):
         if not mirror.uri:
             raise UserError(f"with --address {address} the study is driven from the cluster's head node, which "
                             f"cannot write to this machine's {study.storage}: set storage: to a URI both reach "
                             "(s3://bucket/prefix, gs://bucket/prefix, or file:///path on a shared file system)")
         return _run_on_head(study, mirror, out, base_data, training_windows(path, study.dataset["stream"]),
-                            resume=resume, dashboard=dashboard, address=address, quiet=quiet, points=points)
+                            resume=resume, dashboard=dashboard, address=address, quiet=quiet, points=points,
+                            estimate=estimate)
     started_ray = start_ray(address, dashboard=dashboard, num_cpus=num_cpus, quiet=quiet)
     try:
         fit = _drive(study, out, mirror, base_data, training_windows(path, study.dataset["stream"]), resume=resume,
-                     quiet=quiet, points=points, dashboard=dashboard, on_cluster=address != "local")
+                     quiet=quiet, points=points, dashboard=dashboard, on_cluster=address != "local", estimate=estimate)
     finally:
         if started_ray:
             import ray
@@ -238,7 +239,7 @@ def run_study(study: Study, *, resume: bool = False, dashboard: bool = False, ad
 
 def _drive(study: Study, out: Path, mirror: Mirror, base_data: TrialData, train_table: Any, *, resume: bool,
            quiet: bool, points: list[dict[str, Any]] | None, dashboard: bool = False,
-           on_cluster: bool = False) -> dict[str, Any]:
+           on_cluster: bool = False, estimate: StudyEstimate | None = None) -> dict[str, Any]:
     """Runs the trials on the connected Ray and writes ``out`` (records, tables); returns the fit's timing.
 
     With ``dashboard`` a search also gets optuna-dashboard on its ``optuna.db`` while the trials run.
@@ -248,8 +249,7 @@ def _drive(study: Study, out: Path, mirror: Mirror, base_data: TrialData, train_
     from ray.tune.search import BasicVariantGenerator
 
     out.mkdir(parents=True, exist_ok=True)
-    if not resume:
-        atomic_write_text(out / STUDY_FILE, _study_file_text(study))
+    atomic_write_text(out / STUDY_FILE, _study_file_text(study))  # a resume may have raised the budget
     concurrency = _concurrency(study)  # before anything is scheduled: a request no node can meet would hang
     _write_environment(out)
     mirror.push(force=True)  # the study is claimed in storage before its first trial
@@ -263,7 +263,13 @@ def _drive(study: Study, out: Path, mirror: Mirror, base_data: TrialData, train_
         train_ds = materialized_dataset(train_table) if workers > 1 else None
         shuffle_rows = max(1, train_table.num_rows)
     storage_url = f"sqlite:///{out / OPTUNA_FILE}"
-    checkpoint_every, max_failures = study.checkpoint.resolve(on_cluster)
+    clock = StudyClock(out, 0 if points is not None else study.budget.time_budget_s).start_session()
+    checkpoint_every, max_failures = study.checkpoint.resolve(on_cluster, estimate.checkpoint_every()
+                                                              if estimate else 0)
+    if estimate is not None and not quiet:
+        line = fit_line(study, estimate.epoch_s, concurrency)
+        if line:
+            print(line, flush=True)
     plan = TrialPlan(model=study.model, base_settings=_base_settings(study),
                      threads=max(1, math.floor(study.resources.cpu)),
                      measure_efficiency=bool(study.settings().get("measure_efficiency", True)),
@@ -288,13 +294,13 @@ def _drive(study: Study, out: Path, mirror: Mirror, base_data: TrialData, train_
         # one whose process was lost (the study stopped under it) trains again, from its last checkpoint if any
         tuner = tune.Tuner.restore(str(out / TUNE_DIR), trainable=trainable, resume_unfinished=True,
                                    resume_errored=True, restart_errored=False)
-        _relocate(tuner, out, mirror, storage_url)
+        _relocate(tuner, out, mirror, storage_url, clock, study, quiet, estimate, concurrency)
     else:
-        recorder = SweepRecorder(str(out), _row_context(study, base_data.meta), mirror)
+        recorder = SweepRecorder(str(out), _row_context(study, base_data.meta), mirror, clock)
         if points is None:
-            search = dict(search_alg=make_searcher(study, storage_url), scheduler=make_scheduler(study),
-                          num_samples=study.budget.num_samples, max_concurrent_trials=concurrency,
-                          time_budget_s=study.budget.time_budget_s or None)
+            # the study's time budget is the clock's (study.search.budget), not Tune's, which drops the trials it stops
+            search = dict(search_alg=make_searcher(study, storage_url, concurrency), scheduler=make_scheduler(study),
+                          num_samples=study.budget.num_samples)
         else:  # fixed points: as many at once as the sweep runs, each to its full budget (no ASHA, no time budget)
             search = dict(search_alg=BasicVariantGenerator(points_to_evaluate=points, max_concurrent=concurrency),
                           scheduler=FIFOScheduler(), num_samples=len(points))
@@ -302,11 +308,12 @@ def _drive(study: Study, out: Path, mirror: Mirror, base_data: TrialData, train_
             trainable,
             param_space=None if points is None else points_space(points),
             tune_config=tune.TuneConfig(**search, reuse_actors=True),
-            run_config=tune.RunConfig(name=TUNE_DIR, storage_path=str(out),
+            run_config=tune.RunConfig(name=TUNE_DIR, storage_path=str(out), stop=clock,
                                       callbacks=[recorder, *tracking_callbacks(study.tracking, _base_settings(study))],
                                       checkpoint_config=tune.CheckpointConfig(num_to_keep=study.checkpoint.keep),
                                       failure_config=tune.FailureConfig(max_failures=max_failures),
-                                      progress_reporter=_progress_reporter(study), verbose=0 if quiet else 1),
+                                      progress_reporter=_progress_reporter(study, estimate, concurrency),
+                                      verbose=0 if quiet else 1),
         )
     board = OptunaDashboard(storage_url).start() if dashboard and points is None else None
     if board is not None:
@@ -315,18 +322,20 @@ def _drive(study: Study, out: Path, mirror: Mirror, base_data: TrialData, train_
     try:
         with TuneMessages() as tune_messages:
             tuner.fit()
-        if tune_messages.interrupted:  # Tune caught the Ctrl-C, saved its state and returned as if the study ended
+        # Tune caught a Ctrl-C (or the clock's signal), saved its state and returned as if the study ended
+        if tune_messages.interrupted and not clock.spent:
             raise KeyboardInterrupt
     except BaseException:  # Ctrl-C or a crash: what finished goes to storage, for a --resume anywhere
         with contextlib.suppress(Exception):
             mirror.push(force=True)
         raise
     finally:
+        clock.save()
         if board is not None:
             board.stop()
     fit_wall = time.time() - fit_started
-    numbers = close_orphans(storage_url, study.name) if points is None else {}
     records = read_records(out / RECORDS_DIR)
+    numbers = close_orphans(storage_url, study.name, records, list(study.objectives)) if points is None else {}
     for trial_id, number in numbers.items():
         if trial_id in records:
             records[trial_id]["optuna_number"] = number
@@ -347,13 +356,19 @@ class TuneMessages(logging.Filter):
       ``--resume``, exit code 130.
     * Frequent snapshots: with ``checkpoint.every`` small and short epochs, Tune saves its experiment state at each
       checkpoint (it must, to keep only ``checkpoint.keep`` of them) and warns that this happens often, advising
-      settings the study sets on purpose.
+      settings the study sets on purpose. Likewise its "performance bottleneck" timings of its own loop.
+    * The study's time budget: its clock (:mod:`study.search.budget`) stops Tune with the signal Tune reads as
+      Ctrl-C, so ``interrupted`` is also set then; the driver tells the two apart by the clock.
     """
 
     INTERRUPTED = ("Stop signal received", "Experiment has been interrupted", "Training has been interrupted")
     FAILED = ("Trial task failed for trial", "Trials did not complete")
     NOISE = ("Experiment state snapshotting has been triggered multiple times",)
-    LOGGERS = ("ray.tune.tune", "ray.tune.execution.tune_controller", "ray.tune.execution.experiment_state")
+    # Tune times its own loop and warns when a step of it is slow; on a machine whose cores all train trials the
+    # driver's loop is slow by design, and the warning advises settings (report less often) the study needs as set
+    SLOW_LOOP = "may be a performance bottleneck"
+    LOGGERS = ("ray.tune.tune", "ray.tune.execution.tune_controller", "ray.tune.execution.experiment_state",
+               "ray.tune.utils.util")
 
     def __init__(self) -> None:
         super().__init__()
@@ -364,7 +379,7 @@ class TuneMessages(logging.Filter):
         if message.startswith(self.INTERRUPTED):
             self.interrupted = True
             return False
-        return not message.startswith(self.FAILED + self.NOISE)
+        return not message.startswith(self.FAILED + self.NOISE) and self.SLOW_LOOP not in record.getMessage()
 
     def __enter__(self) -> TuneMessages:
         for name in self.LOGGERS:
@@ -376,21 +391,31 @@ class TuneMessages(logging.Filter):
             logging.getLogger(name).removeFilter(self)
 
 
-def _relocate(tuner: Any, out: Path, mirror: Mirror, storage_url: str) -> None:
-    """Point the restored recorder and searcher at this session's study folder.
+def _relocate(tuner: Any, out: Path, mirror: Mirror, storage_url: str, clock: StudyClock, study: Study,
+              quiet: bool, estimate: StudyEstimate | None, concurrency: int) -> None:
+    """Point the restored recorder and searcher at this session's study folder, clock and budget.
 
     ``Tuner.restore`` unpickles them with the paths of the session that started the study, which may have run in
-    another folder or on another machine. Ray keeps the restored configs on its internal tuner (no public
-    accessor), so a Ray that moved them fails here loudly rather than writing to the old paths.
+    another folder or on another machine, and with that session's budget: a resume may give the study more time
+    or samples. Ray keeps the restored configs on its internal tuner (no public accessor), so a Ray that moved
+    them fails here loudly rather than writing to the old paths.
     """
     internal = tuner._local_tuner
-    recorders = [c for c in internal.get_run_config().callbacks or [] if isinstance(c, SweepRecorder)]
-    searcher = internal._tune_config.search_alg
+    run_config = internal.get_run_config()
+    recorders = [c for c in run_config.callbacks or [] if isinstance(c, SweepRecorder)]
     if not recorders:
         raise RuntimeError("the restored Tune run has no SweepRecorder; cannot resume this study here")
     for recorder in recorders:
-        recorder.out_dir, recorder.mirror = str(out), mirror
-    if isinstance(searcher, StudySearch):  # fixed points (replicates) have no searcher to move
+        recorder.out_dir, recorder.mirror, recorder.clock = str(out), mirror, clock
+    run_config.stop = clock
+    # the console of a resumed study is this session's too: Tune's classic output with the study's short lines
+    run_config.progress_reporter = _progress_reporter(study, estimate, concurrency)
+    run_config.verbose = 0 if quiet else 1
+    search = internal._tune_config.search_alg
+    if isinstance(search, StudySamples):
+        search.num_samples = study.budget.num_samples
+    searcher = study_searcher(search)
+    if searcher is not None:  # fixed points (replicates) have no searcher to move
         searcher.relocate(storage_url)
 
 
@@ -412,7 +437,8 @@ def _outcome(study: Study, out: Path, mirror: Mirror, fit: dict[str, Any],
 
 
 def _run_on_head(study: Study, mirror: Mirror, out: Path, base_data: TrialData, train_table: Any, *, resume: bool,
-                 dashboard: bool, address: str, quiet: bool, points: list[dict[str, Any]] | None) -> dict[str, Any]:
+                 dashboard: bool, address: str, quiet: bool, points: list[dict[str, Any]] | None,
+                 estimate: StudyEstimate | None = None) -> dict[str, Any]:
     """Ray Client (``ray://``): drive the study from a task on the head node, then fetch its results here.
 
     Under Ray Client, Tune would run its loop on the head node anyway (callbacks, the Optuna searcher and its
@@ -433,7 +459,7 @@ def _run_on_head(study: Study, mirror: Mirror, out: Path, base_data: TrialData, 
         if head is not None:
             driver = driver.options(scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=True))
         running = driver.remote(study, mirror.uri, relative, base_data, train_table, resume=resume, quiet=quiet,
-                                points=points)
+                                points=points, estimate=estimate)
         try:
             fit = ray.get(running)
         except KeyboardInterrupt:  # the driver runs on the head: stop it too, or it would go on without us
@@ -452,7 +478,8 @@ def _run_on_head(study: Study, mirror: Mirror, out: Path, base_data: TrialData, 
 
 
 def _head_driver(study: Study, uri: str, relative: str, base_data: TrialData, train_table: Any, *, resume: bool,
-                 quiet: bool, points: list[dict[str, Any]] | None) -> dict[str, Any]:
+                 quiet: bool, points: list[dict[str, Any]] | None,
+                 estimate: StudyEstimate | None = None) -> dict[str, Any]:
     """The study's driver inside a Ray task on the head node (see :func:`_run_on_head`)."""
     import dataclasses
     import shutil
@@ -465,7 +492,7 @@ def _head_driver(study: Study, uri: str, relative: str, base_data: TrialData, tr
             mirror.pull()
         here = dataclasses.replace(study, storage=root)
         return _drive(here, root / relative if relative else root, mirror, base_data, train_table, resume=resume,
-                      quiet=quiet, points=points, on_cluster=True)
+                      quiet=quiet, points=points, on_cluster=True, estimate=estimate)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

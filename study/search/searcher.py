@@ -16,8 +16,10 @@ from typing import Any
 
 import optuna
 from optuna.trial import TrialState
+from ray.tune.search import SearchGenerator
 from ray.tune.search.optuna import OptunaSearch
 
+from study.search.records import STUDY_TIME_BUDGET
 from study.search.trial import tune_key
 from study.spec.resolved import Study
 
@@ -110,12 +112,15 @@ class StudySearch(OptunaSearch):
         if self._finished_in_storage(trial_id):
             # told in an earlier session: replayed now, or trained again because its process was lost; then Optuna
             # holds a FAIL for it (a told trial is final) and gets the real outcome as a trial of its own
+            # (or, stopped by the study's time budget, a COMPLETE with its values so far, and the final ones too)
             stored = self._ot_study._storage.get_trial(self._ot_trials[trial_id]._trial_id)
-            if stored.state == TrialState.FAIL and state == TrialState.COMPLETE:
+            budget_stopped = bool(stored.user_attrs.get(STUDY_TIME_BUDGET))
+            if (stored.state == TrialState.FAIL or budget_stopped) and state == TrialState.COMPLETE:
+                note = ("continued after the study's time budget stopped it" if budget_stopped
+                        else "trained again after an interrupted session")
                 self._ot_study.add_trial(optuna.trial.create_trial(
                     params=stored.params, distributions=stored.distributions,
-                    values=values, state=state,
-                    user_attrs={"tune_trial_id": trial_id, "note": "trained again after an interrupted session"}))
+                    values=values, state=state, user_attrs={"tune_trial_id": trial_id, "note": note}))
             self._completed_trials.add(trial_id)
             return
         try:
@@ -147,7 +152,32 @@ class StudySearch(OptunaSearch):
         return self._ot_study._storage.get_trial(ot_trial._trial_id).state.is_finished()
 
 
+class StudySamples(SearchGenerator):
+    """Tune's generator of searched trials, which a resumed study may give more samples (``budget.num_samples``).
+
+    Tune restores the sample count it saved with the experiment; a study resumed with a larger one keeps the larger
+    (the restored tuner's generator gets it in :attr:`num_samples` before the run starts).
+    """
+
+    def __init__(self, searcher: Any, num_samples: int):
+        super().__init__(searcher)
+        self.num_samples = num_samples
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)
+        if self.num_samples > self._total_samples:
+            self._total_samples, self._finished = self.num_samples, False
+
+
+def study_searcher(search: Any) -> StudySearch | None:
+    """The :class:`StudySearch` inside Tune's wrappers (generator, concurrency limiter), if any."""
+    while search is not None and not isinstance(search, StudySearch):
+        search = getattr(search, "searcher", None)
+    return search
+
+
 INTERRUPTED_NOTE = "orphaned by an interrupted session"
+BUDGET_NOTE = "stopped by the study's time budget: values of its best epoch so far"
 
 
 class StudyGridSampler(optuna.samplers.GridSampler):
@@ -186,8 +216,18 @@ def make_sampler(study: Study) -> Any:
                                       n_ei_candidates=searcher.n_ei_candidates)
 
 
-def make_searcher(study: Study, storage_url: str) -> Any:
-    """Optuna over the study's search space, persisted in SQLite; the sampler follows ``study.searcher``."""
+def make_searcher(study: Study, storage_url: str, max_concurrent: int) -> StudySamples:
+    """Optuna over the study's search space, persisted in SQLite; the sampler follows ``study.searcher``.
+
+    At most ``max_concurrent`` trials at once, ``budget.num_samples`` in all (see :class:`StudySamples`).
+    """
+    from ray.tune.search import ConcurrencyLimiter
+
+    search = _optuna_search(study, storage_url)
+    return StudySamples(ConcurrencyLimiter(search, max_concurrent=max_concurrent), study.budget.num_samples)
+
+
+def _optuna_search(study: Study, storage_url: str) -> StudySearch:
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
     space = {}
@@ -221,18 +261,36 @@ def make_scheduler(study: Study) -> Any:
                          reduction_factor=scheduler.reduction_factor)
 
 
-def close_orphans(storage_url: str, study_name: str) -> dict[str, int]:
-    """Mark Optuna trials left RUNNING by an interrupted session as FAIL; map Tune trial ids to Optuna numbers."""
+def close_orphans(storage_url: str, study_name: str, records: dict[str, dict[str, Any]],
+                  objectives: list[str]) -> dict[str, int]:
+    """Close the Optuna trials a session left RUNNING; map Tune trial ids to Optuna numbers.
+
+    A trial the study's time budget stopped is a result: Optuna gets the objectives of its record (the best epoch
+    so far), marked ``study_time_budget`` so that a resume which trains it on adds its final values as a trial of
+    their own. Any other RUNNING trial was interrupted and is FAIL.
+    """
     study = optuna.load_study(study_name=study_name, storage=storage_url)
     numbers = {}
     for trial in study.get_trials(deepcopy=False):
-        if trial.state == TrialState.RUNNING:
-            study._storage.set_trial_user_attr(trial._trial_id, "note", INTERRUPTED_NOTE)
-            study.tell(trial.number, state=TrialState.FAIL)
         tune_id = trial.user_attrs.get("tune_trial_id")
+        if trial.state == TrialState.RUNNING:
+            record = records.get(tune_id) or {}
+            report = record.get("last_report") or {}
+            values = [report.get(tune_key(objective)) for objective in objectives]
+            if record.get("stop_reason") == STUDY_TIME_BUDGET and all(_finite(v) for v in values):
+                study._storage.set_trial_user_attr(trial._trial_id, "note", BUDGET_NOTE)
+                study._storage.set_trial_user_attr(trial._trial_id, STUDY_TIME_BUDGET, True)
+                study.tell(trial.number, values, state=TrialState.COMPLETE)
+            else:
+                study._storage.set_trial_user_attr(trial._trial_id, "note", INTERRUPTED_NOTE)
+                study.tell(trial.number, state=TrialState.FAIL)
         if tune_id:
             numbers[tune_id] = trial.number
     return numbers
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 

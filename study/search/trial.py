@@ -31,7 +31,7 @@ import numpy as np
 
 import models
 from study.cluster import node_identity
-from study.search.recorder import STATUS_OK, lost_process
+from study.search.records import STATUS_OK, trains_on
 from study.train.results import json_safe
 from study.train.trainer import TrialData
 
@@ -248,14 +248,12 @@ def replay_recorded(plan: TrialPlan) -> bool:
 
     Retraining it would waste its compute and could give another result than the one already in its record. A
     failure is replayed (raised again) unless the trial's process was lost, as when the study itself was stopped:
-    that trial trains again (False).
+    that trial trains again (False), as does one the study's time budget stopped (its record is a result so far).
     """
     from ray import tune
 
     record = (plan.recorded or {}).get(tune.get_context().get_trial_id())
-    if record is None:
-        return False
-    if lost_process(record):
+    if record is None or trains_on(record):
         return False
     if record["status"] != STATUS_OK:
         raise TrialFailed(record.get("error") or "failed before the study was interrupted")
@@ -276,6 +274,8 @@ def sweep_trial(config: dict[str, Any], *, plan: TrialPlan, data: TrialData, tra
 
     started = time.time()
     quiet_exit_in_callbacks()
+    # Ray announces every checkpoint it persists; the sweep's console would get a line per trial and epoch
+    logging.getLogger("ray.train._internal.storage").setLevel(logging.WARNING)
     if replay_recorded(plan):
         return
 
