@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,6 +18,8 @@ from study.data.pipeline import prepare
 from study.data.ray_engine import DEFAULT_RAY_ROWS, ENGINES, ROWS_ENV
 from study.data.recipes import DEFAULT_RECIPE, RECIPES
 from study.errors import UserError
+
+WIDTH = 120  # columns of the longest line ``list`` prints
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -121,35 +125,62 @@ def _cmd_prepare(args: argparse.Namespace) -> None:
     print(_stats_table(path))
 
 
-def _source_of(meta: dict) -> str:
-    source = meta.get("source", {})
+def _fit_path(path: str, room: int) -> str:
+    """``path`` in at most ``room`` characters: ``~`` for the home folder, then the middle left out (``...``),
+    keeping its start and its file name; meta.json holds it whole."""
+    home = str(Path.home())
+    if path == home or path.startswith(home + os.sep):
+        path = "~" + path[len(home):]
+    if len(path) <= room:
+        return path
+    head = max(1, (room - 3) // 3)
+    return f"{path[:head]}...{path[len(path) - (room - 3 - head):]}"
+
+
+def _wrapped(text: str, indent: int, first: str = "") -> list[str]:
+    """``first`` then ``text`` wrapped to :data:`WIDTH` columns, continuation lines indented by ``indent``."""
+    return textwrap.wrap(text, WIDTH, initial_indent=first, subsequent_indent=" " * indent, break_on_hyphens=False)
+
+
+def _source_lines(meta: dict) -> list[str]:
+    """Where a prepared dataset came from, each path on a line of its own that fits :data:`WIDTH` columns."""
+    source, label = meta.get("source", {}), "      source: "
     if source.get("generator"):
-        return "generated"
+        return [f"{label}generated"]
     if source.get("url"):
-        return f"downloaded from {source['url']}"
-    kept = f" (kept in the cache: {source['kept']})" if source.get("kept") else ""
-    return f"{source.get('path', '?')}{kept}"
+        return [f"{label}downloaded from {_fit_path(source['url'], WIDTH - len(label) - 16)}"]
+    lines = [label + _fit_path(source.get("path", "?"), WIDTH - len(label))]
+    if source.get("kept"):
+        kept, cache = Path(source["kept"]), cache_dir()
+        shown = f"<cache>/{kept.relative_to(cache)}" if cache in kept.parents else source["kept"]
+        lines.append(f"{' ' * len(label)}kept in the cache: {_fit_path(shown, WIDTH - len(label) - 19)}")
+    return lines
 
 
 def _cmd_list() -> None:
+    """The recipes, then the prepared datasets; every line fits :data:`WIDTH` columns (long paths are shortened in
+    the middle, descriptions wrapped)."""
     print("recipes:")
     width = max(len(name) for name in RECIPES)
     for name, recipe in RECIPES.items():
         origin = "download" if recipe.download else "generated" if recipe.synthetic else "--source"
-        print(f"  {name:<{width}}  kcore={recipe.default_kcore}  {origin:<9}  {recipe.description}")
+        first = f"  {name:<{width}}  kcore={recipe.default_kcore}  {origin:<9}  "
+        print("\n".join(_wrapped(recipe.description, len(first), first)))
     prepared = list_prepared()
+    heading = f"{os.sep}prepared (use them by name: --dataset NAME, dataset: NAME):"
+    cache = _fit_path(str(cache_dir()), WIDTH - len("prepared in ") - len(heading))
     if not prepared:
-        print(f"nothing prepared in {cache_dir()} yet")
+        print(f"nothing prepared in {cache} yet")
         return
-    print(f"prepared in {cache_dir() / 'prepared'} (use them by name: --dataset NAME, dataset: NAME):")
+    print(f"prepared in {cache}{heading}")
     for path, meta in prepared:
         stale = "" if meta.get("format_version") == FORMAT_VERSION else "  [older format: prepare again]"
         print(f"  {meta.get('name', path.name)}  {path.name}{stale}")
-        print(f"      {meta.get('num_users', 0):,} users, {meta.get('num_items', 0):,} items, "
-              f"{meta.get('num_interactions', 0):,} interactions, mean length "
-              f"{meta.get('length', {}).get('mean', float('nan')):.1f}, kcore {meta.get('kcore')}, "
-              f"windows of {meta.get('max_len')} + 1, prepared {meta.get('created', '?')}")
-        print(f"      source: {_source_of(meta)}")
+        stats = (f"{meta.get('num_users', 0):,} users, {meta.get('num_items', 0):,} items, "
+                 f"{meta.get('num_interactions', 0):,} interactions, mean length "
+                 f"{meta.get('length', {}).get('mean', float('nan')):.1f}, kcore {meta.get('kcore')}, "
+                 f"windows of {meta.get('max_len')} + 1, prepared {meta.get('created', '?')}")
+        print("\n".join(_wrapped(stats, 6, " " * 6) + _source_lines(meta)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

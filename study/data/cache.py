@@ -3,6 +3,7 @@
     <cache>/prepared/<name>-<hash12>/   sequences.parquet + meta.json (see :mod:`study.data`)
     <cache>/downloads/                  archives downloaded from GroupLens
     <cache>/sources/<name>/<sha12>/     sources given with --source for downloadable recipes, kept like a download
+                                        (once prepared: a source that fails to prepare is not kept)
 
 ``<cache>`` is ``$SEQREC_DATA``, else ``~/.cache/seqrec-study``. A request by name without a source
 (:func:`known_source`) reuses the prepared copy of that name and settings, or the one source that name was
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from study.data.readers import Source, ZipMember
+from study.data.files import Source, ZipMember
 from study.errors import UserError
 
 # Bump whenever the processing or the file layout changes: old prepared directories are then not reused.
@@ -109,13 +110,43 @@ def _describe_source(meta: dict) -> str:
     return source.get("url") or source.get("path") or source.get("generator") or "unknown source"
 
 
-def keep_source(name: str, located: Source, info: dict) -> Path:
-    """Copy the source of a downloadable recipe into the cache, so later runs need neither it nor the network."""
+def kept_path(name: str, located: Source, info: dict) -> Path:
+    """Where the cache keeps the source of a downloadable recipe given with --source (see :func:`keep_source`)."""
     original = Path(located.archive if isinstance(located, ZipMember) else located)
-    kept = kept_sources_root() / name / info["sha256"][:12] / original.name
-    if not kept.is_file():
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        partial = kept.with_name(f".{kept.name}.partial")
+    return kept_sources_root() / name / info["sha256"][:12] / original.name
+
+
+def keep_source(kept: Path, located: Source) -> bool:
+    """Copy the source of a downloadable recipe to ``kept`` (:func:`kept_path`), so later runs need neither it nor
+    the network; returns whether this call made the copy (False: it was there), which a preparation that fails
+    afterwards then removes with :func:`discard_kept`."""
+    if kept.is_file():
+        return False
+    original = Path(located.archive if isinstance(located, ZipMember) else located)
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    partial = kept.with_name(f".{kept.name}.{os.getpid()}.partial")  # per process: two copies never mix
+    try:
         shutil.copyfile(original, partial)
         os.replace(partial, kept)
-    return kept
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        _remove_empty_folders(kept.parent)
+        raise
+    return True
+
+
+def discard_kept(kept: Path) -> None:
+    """Remove a kept source that a failed preparation copied, and the folders that held only it."""
+    kept.unlink(missing_ok=True)
+    _remove_empty_folders(kept.parent)
+
+
+def _remove_empty_folders(folder: Path) -> None:
+    """``folder`` and its parents up to the cache itself, as long as they are empty."""
+    root = cache_dir()
+    while folder != root and root in folder.parents:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (or already gone): what is left belongs to someone else
+            return
+        folder = folder.parent

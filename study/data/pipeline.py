@@ -22,7 +22,10 @@ recorded as ``content_hash`` in meta.json and as ``dataset_hash`` in every resul
 part of it: it is a model setting. The stored windows hold ``max_len + 1`` items for the longest ``max_len`` asked
 so far; a longer request widens them in place from the stored sequences, without the source.
 A new directory is written to a temporary directory beside it and renamed into place, so a directory under its
-final name is always complete (and concurrent trials that prepare the same dataset cannot corrupt each other).
+final name is always complete (and concurrent trials that prepare the same dataset cannot corrupt each other). A
+preparation that fails or is refused, with either engine, leaves the cache as it found it: the temporary directory
+goes, a source is kept (below) only once its directory is complete, and an archive the call downloaded is removed,
+so that a retry downloads it again rather than reusing a file that may be why it failed.
 
 A prepared dataset is addressable by name: ``prepare(name)`` without a source reuses the prepared copy of that
 recipe (or re-reads its recorded source for another k-core), so an offline user gives ``--source`` once. A source
@@ -53,12 +56,14 @@ from study.data import synthetic
 from study.data.cache import (
     FORMAT_VERSION,
     PreparedCopy,
+    discard_kept,
     keep_source,
+    kept_path,
     known_source,
     prepared_root,
 )
+from study.data.files import Source
 from study.data.ray_engine import build_on_ray, choose_engine, estimate_rows, widen_parts
-from study.data.readers import Source
 from study.data.recipes import Counts, Recipe, get_recipe
 from study.data.sequences import (
     MIN_INTERACTIONS,
@@ -69,7 +74,7 @@ from study.data.sequences import (
     length_stats,
     sequences_table,
 )
-from study.data.sources import resolve_source, source_files
+from study.data.sources import Shards, resolve_source, source_files
 from study.errors import UserError
 
 ITEMS_FILE = "items.parquet"  # added without a format bump: directories prepared before it lack it (see raw_items)
@@ -88,6 +93,11 @@ def content_hash(name: str, options: dict[str, Any], checksums: list[str]) -> st
     """sha256 (hex) identifying a prepared dataset: same inputs and options give the same directory."""
     payload = {"format_version": FORMAT_VERSION, "recipe": name, "options": options, "sources": checksums}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _directory(name: str, digest: str) -> Path:
+    """The prepared directory of dataset ``name`` with content hash ``digest``."""
+    return prepared_root() / f"{name}-{digest[:12]}"
 
 
 def _publish(tmp: Path, final: Path, force: bool) -> None:
@@ -142,16 +152,24 @@ def _reuse(path: Path, max_len: int, *, progress: bool) -> Path:
                      items=np.asarray(items.values, dtype=np.int32), num_items=int(meta["num_items"]),
                      raw=Counts(**meta["raw"]), dropped_short_users=int(meta.get("dropped_short_users", 0)))
     partial = path / f".sequences.parquet.tmp-{os.getpid()}"
-    pq.write_table(sequences_table(seqs, max_len), partial, compression="zstd")
-    os.replace(partial, path / "sequences.parquet")  # readers that opened the old file keep reading it
+    try:
+        pq.write_table(sequences_table(seqs, max_len), partial, compression="zstd")
+        os.replace(partial, path / "sequences.parquet")  # readers that opened the old file keep reading it
+    except BaseException:
+        partial.unlink(missing_ok=True)  # a failed widening leaves the directory as it was
+        raise
     return _record_max_len(path, meta, max_len)
 
 
 def _record_max_len(path: Path, meta: dict, max_len: int) -> Path:
     meta["max_len"] = max_len
     partial_meta = path / f".meta.json.tmp-{os.getpid()}"
-    partial_meta.write_text(json.dumps(meta, indent=2) + "\n")
-    os.replace(partial_meta, path / "meta.json")
+    try:
+        partial_meta.write_text(json.dumps(meta, indent=2) + "\n")
+        os.replace(partial_meta, path / "meta.json")
+    except BaseException:
+        partial_meta.unlink(missing_ok=True)
+        raise
     return path
 
 
@@ -234,14 +252,8 @@ def prepare(
     interactions (default 20M). Both give the same dataset, so the engine is not part of its identity.
     """
     recipe = get_recipe(name)
-    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 2:
-        raise UserError(f"max_len must be an integer of at least 2, got {max_len!r}")
-    k = recipe.default_kcore if kcore is None else kcore
-    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-        raise UserError(f"kcore must be a non-negative integer, got {k!r}")
-    resolved = recipe.resolve_options(options)
-    settings = {"kcore": k, **resolved}  # the dataset's identity: data, filter and split, never the window length
-
+    k, resolved, settings = _settings(recipe, max_len, kcore, engine, options)
+    downloaded = None
     if recipe.synthetic:
         if source is not None:
             raise UserError(f"dataset '{name}' is generated and takes no --source")
@@ -253,31 +265,68 @@ def prepare(
             if isinstance(known, PreparedCopy) and not force:
                 return _reuse(known.path, max_len, progress=progress)
             source = known.source if isinstance(known, PreparedCopy) else known
-        located, info = resolve_source(recipe, source, progress)
+        located, info, downloaded = resolve_source(recipe, source, progress)
         checksums = [info["sha256"]]
     digest = content_hash(name, settings, checksums)
-    final = prepared_root() / f"{name}-{digest[:12]}"
+    final = _directory(name, digest)
     if not force and (final / "meta.json").is_file():
         return _reuse(final, max_len, progress=progress)
-    if not recipe.synthetic and recipe.download is not None and "url" not in info:
-        info["kept"] = str(keep_source(name, located, info))
+    try:
+        _write(recipe, located, info, settings, resolved, digest, engine=engine, max_len=max_len, force=force,
+               progress=progress)
+    except BaseException:
+        if downloaded is not None:  # a failed preparation leaves the cache as it found it; a retry downloads again
+            downloaded.unlink(missing_ok=True)
+        raise
+    _say(progress, f"wrote {final}")
+    return final
 
-    files = None if recipe.synthetic else source_files(located)
+
+def _settings(recipe: Recipe, max_len: int, kcore: int | None, engine: str,
+              options: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, Any]]:
+    """Check the arguments before any work (a download included): the k-core, the resolved recipe options and the
+    settings that, with the source, are the dataset's identity (data, filter and split, never the window length)."""
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 2:
+        raise UserError(f"max_len must be an integer of at least 2, got {max_len!r}")
+    k = recipe.default_kcore if kcore is None else kcore
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise UserError(f"kcore must be a non-negative integer, got {k!r}")
+    choose_engine(engine, 0)  # only checks the name here; the size decides later
+    resolved = recipe.resolve_options(options)
+    return k, resolved, {"kcore": k, **resolved}
+
+
+def _write(recipe: Recipe, located: Source | Shards | None, info: dict, settings: dict, resolved: dict[str, Any],
+           digest: str, *, engine: str, max_len: int, force: bool, progress: bool) -> None:
+    """Build the prepared directory in a temporary folder beside its final place and move it there, then keep the
+    source of a downloadable recipe given with --source. Whatever fails, with either engine, nothing of it stays in
+    the cache: the temporary folder goes, and so does a kept copy of the source that this call made."""
+    final = _directory(recipe.name, digest)
+    kept = None
+    if not recipe.synthetic and recipe.download is not None and "url" not in info:
+        kept = kept_path(recipe.name, located, info)
+        info["kept"] = str(kept)
+    files = None if located is None else source_files(located)
     chosen = choose_engine(engine, estimate_rows(files, resolved if recipe.synthetic else None))
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-"))
+    made_kept = False
     try:
         tmp.chmod(0o755)  # mkdtemp makes it private; the cache is meant to be readable like any other folder
+        k = settings["kcore"]
         summary = _build(recipe, files, resolved, info, k, chosen, tmp, max_len, progress)
         verified = _check_counts(recipe, summary.raw, info, downloaded="url" in info)
         pq.write_table(items_table(summary.raw_items), tmp / ITEMS_FILE, compression="zstd")
-        meta = _meta(name, recipe, settings, summary, verified, info, k, max_len, digest)
+        meta = _meta(recipe.name, recipe, settings, summary, verified, info, k, max_len, digest)
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        made_kept = kept is not None and keep_source(kept, located)
         _publish(tmp, final, force)
+    except BaseException:
+        if made_kept:
+            discard_kept(kept)
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # no-op after a successful rename
-    _say(progress, f"wrote {final}")
-    return final
 
 
 def prepared_copy(identity: dict[str, Any], max_len: int, *, source: str | os.PathLike[str] | None = None,
@@ -288,7 +337,7 @@ def prepared_copy(identity: dict[str, Any], max_len: int, *, source: str | os.Pa
     name, digest = identity.get("name"), identity.get("content_hash")
     if not name or not digest:
         raise UserError("the trial records no dataset identity (name, content_hash)")
-    cached = prepared_root() / f"{name}-{digest[:12]}"
+    cached = _directory(name, digest)
     if (cached / "meta.json").is_file():
         return _reuse(cached, max_len, progress=progress)
     path = prepare(name, source=source, max_len=max_len, kcore=kcore, progress=progress, **options)

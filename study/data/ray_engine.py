@@ -43,7 +43,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from study.data.readers import Source, ZipMember, open_binary
+from study.data.files import Source, ZipMember, open_binary
 from study.data.recipes import Counts
 from study.data.sequences import MIN_INTERACTIONS, Sequences, Summary, natural_user_codes, sequences_table
 from study.errors import UserError
@@ -109,7 +109,11 @@ def choose_engine(engine: str, estimated_rows: int) -> str:
 @contextmanager
 def _quiet_ray() -> Iterator[None]:
     """Ray for one preparation: a local Ray (or ``$RAY_ADDRESS``) unless one is running, and Ray Data set up to
-    print nothing and to shuffle with tasks; the caller's Ray and Ray Data settings are restored afterwards."""
+    print nothing and to shuffle with tasks; the caller's Ray and Ray Data settings are restored afterwards.
+
+    A UserError raised in a task (a reader's: a bad line, an empty file) leaves as that UserError, one line, as the
+    pandas engine raises it: Ray Data raises the reader's exception itself rather than its own wrapper, and the
+    RayTaskError that carries it across processes is unwrapped here."""
     import ray
     import ray.data
     from ray.data.context import ShuffleStrategy
@@ -123,19 +127,28 @@ def _quiet_ray() -> Iterator[None]:
         # the sort-based shuffle runs in tasks on the existing workers; the default hash shuffle starts
         # aggregator actors, which costs more than the whole preparation of a small dataset
         "shuffle_strategy": ShuffleStrategy.SORT_SHUFFLE_PULL_BASED,
+        "raise_original_map_exception": True,
     }
+    settings = {key: value for key, value in settings.items() if hasattr(context, key)}  # older Ray Data lacks some
     saved = {key: getattr(context, key) for key in settings}
     logger = logging.getLogger("ray.data")
     level = logger.level
     started = not ray.is_initialized()
     try:
-        logger.setLevel(logging.ERROR)
+        # CRITICAL: a failed task is also logged at ERROR, with a traceback; the exception says it all
+        logger.setLevel(logging.CRITICAL)
         for key, value in settings.items():
             setattr(context, key, value)
         if started:
             ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR",
                      runtime_env={"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}})
         yield
+    except UserError as exc:
+        cause = getattr(exc, "cause", None)  # the RayTaskError of a task is also an instance of its cause's class
+        if isinstance(cause, UserError):
+            # Ray Data appends lines on retrying to the message; a reader's message is its first line
+            raise UserError(str(cause).partition("\n")[0]) from None
+        raise
     finally:
         for key, value in saved.items():
             setattr(context, key, value)
@@ -403,15 +416,20 @@ def widen_parts(sequences: Path, max_len: int) -> None:
     in (the pandas engine's widening, for the Ray engine's layout)."""
     wider = sequences.with_name(f".{sequences.name}.wider-{os.getpid()}")
     wider.mkdir()
-    for part in sorted(sequences.glob("part-*.parquet")):
-        table = pq.read_table(part, columns=["user", "raw_user", "items"])
-        items = table.column("items").combine_chunks()
-        offsets = np.asarray(items.offsets, dtype=np.int64)
-        seqs = Sequences(raw_users=np.asarray(table.column("raw_user").to_pylist(), dtype=str),
-                         indptr=offsets - offsets[0], items=np.asarray(items.values, dtype=np.int32)[offsets[0]:],
-                         num_items=0, raw=Counts(0, 0, 0), dropped_short_users=0)
-        first_user = int(table.column("user")[0].as_py())
-        pq.write_table(sequences_table(seqs, max_len, first_user=first_user), wider / part.name, compression="zstd")
+    try:
+        for part in sorted(sequences.glob("part-*.parquet")):
+            table = pq.read_table(part, columns=["user", "raw_user", "items"])
+            items = table.column("items").combine_chunks()
+            offsets = np.asarray(items.offsets, dtype=np.int64)
+            seqs = Sequences(raw_users=np.asarray(table.column("raw_user").to_pylist(), dtype=str),
+                             indptr=offsets - offsets[0], items=np.asarray(items.values, dtype=np.int32)[offsets[0]:],
+                             num_items=0, raw=Counts(0, 0, 0), dropped_short_users=0)
+            first_user = int(table.column("user")[0].as_py())
+            pq.write_table(sequences_table(seqs, max_len, first_user=first_user), wider / part.name,
+                           compression="zstd")
+    except BaseException:
+        shutil.rmtree(wider, ignore_errors=True)  # a failed widening leaves the directory as it was
+        raise
     old = sequences.with_name(f".{sequences.name}.old-{os.getpid()}")
     os.replace(sequences, old)
     os.replace(wider, sequences)

@@ -4,70 +4,36 @@ Every reader is a pure function of its input file and returns a :class:`pandas.D
 ``user``, ``item`` (int64 or str) and ``timestamp`` (float64; all NaN when the format has no timestamps), one
 row per interaction, in file order (the row order is the tie-breaker of the chronological sort later on).
 
-Parsing is vectorised with ``pd.read_csv``. When the fast path fails, or leaves a hole that means a malformed
-line, a slow line-by-line pass over the same file finds the first bad line, so that the error names the file
-and the line number. That pass only runs on files that are already known to be broken.
+Every reader reads text through :func:`study.data.files.open_text`, so a byte order mark, CRLF line ends, blank
+lines at the end and (where blanks separate the fields) tabs or runs of spaces read as in the published file.
+
+A value must be what its format says: ids are integers in the MovieLens, S3Rec and SASRec files (their authors'
+code parses them with ``int``), so ``9x4`` or ``5.0`` is a malformed line, not a new item; RecBole ``token``
+fields and the generic tables' id columns are text, and time columns are numbers (or dates, generic tables).
+An empty file, or a header with no line under it, is a UserError too.
+
+Parsing is vectorised with ``pd.read_csv``. When the fast path fails, or leaves a hole or a non-integer id that
+means a malformed line, a slow line-by-line pass over the same text finds the first bad line, so that the error
+names the file and the line number. That pass only runs on files that are already known to be broken.
 """
 
 from __future__ import annotations
 
 import csv
-import io
 import math
-import zipfile
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
-from typing import IO
+import re
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 
+from study.data.files import Source, decode, open_binary, open_text, source_name
 from study.errors import UserError
 
 COLUMNS = ["user", "item", "timestamp"]
-
-
-@dataclass(frozen=True)
-class ZipMember:
-    """A file inside a zip archive, readable without extracting it to disk."""
-
-    archive: Path
-    member: str
-
-    def __str__(self) -> str:
-        return f"{self.archive}:{self.member}"
-
-    @property
-    def name(self) -> str:
-        return self.member.rsplit("/", 1)[-1]
-
-
-Source = str | Path | ZipMember
-
-
-def source_name(src: Source) -> str:
-    """The file name (basename) of a source, used to pick a reader."""
-    return src.name if isinstance(src, ZipMember) else Path(src).name
-
-
-@contextmanager
-def open_binary(src: Source) -> Iterator[IO[bytes]]:
-    """Open a plain file or a zip member for binary reading; missing or corrupt files become UserErrors."""
-    try:
-        if isinstance(src, ZipMember):
-            with zipfile.ZipFile(src.archive) as zf, zf.open(src.member) as fh:
-                yield fh
-        else:
-            with open(src, "rb") as fh:
-                yield fh
-    except FileNotFoundError as exc:
-        raise UserError(f"file not found: {src}") from exc
-    except IsADirectoryError as exc:
-        raise UserError(f"expected a file but got a directory: {src}") from exc
-    except zipfile.BadZipFile as exc:
-        raise UserError(f"corrupt zip archive {getattr(src, 'archive', src)}: {exc}") from exc
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_INT64 = np.iinfo(np.int64)
+_HEADER_ONLY = "a header but no interactions"
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -75,11 +41,10 @@ def open_binary(src: Source) -> Iterator[IO[bytes]]:
 
 
 def _check_int(value: str) -> bool:
-    try:
-        int(value)
-    except ValueError:
+    """An integer id: ASCII digits with an optional sign, within int64 (``int`` alone would take ``1_0``)."""
+    if _INTEGER.fullmatch(value) is None or len(value.lstrip("+-").lstrip("0")) > 19:  # 19: int64's digits
         return False
-    return True
+    return _INT64.min <= int(value) <= _INT64.max
 
 
 def _check_float(value: str) -> bool:
@@ -99,43 +64,49 @@ _CHECKS: dict[str, tuple[Callable[[str], bool], str]] = {
 
 
 def _find_bad_line(
-    src: Source, *, sep: str | None, kinds: Sequence[str], header_lines: int, what: str
+    src: Source,
+    *,
+    sep: str,
+    kinds: Sequence[str],
+    header_lines: int,
+    what: str,
+    words: bool = False,
+    more: bool = False,
 ) -> UserError:
     """Scan ``src`` line by line and return a UserError describing the first line that does not parse.
 
-    ``sep=None`` splits on runs of whitespace; ``kinds`` gives the expected kind of each field ("int",
-    "float", "token", "any"). Only runs after the vectorised parse failed.
+    ``kinds`` gives the expected kind of each field ("int", "float", "token", "any"); with ``more`` a line may
+    have more fields, of the last kind. ``words`` reads the text as the whitespace-separated readers do. Only runs
+    after the vectorised parse failed.
     """
-    try:
-        with open_binary(src) as fh:
-            text = io.TextIOWrapper(fh, encoding="utf-8", newline=None)
-            for lineno, line in enumerate(text, start=1):
-                if lineno <= header_lines:
-                    continue
-                line = line.rstrip("\n")
-                if not line.strip():
-                    continue
-                fields = line.split(sep) if sep is not None else line.split()
-                if len(fields) != len(kinds):
-                    return UserError(
-                        f"{src}, line {lineno}: expected {len(kinds)} fields ({what}), found {len(fields)}: "
-                        f"{line[:80]!r}"
-                    )
-                for pos, (value, kind) in enumerate(zip(fields, kinds, strict=True), start=1):
-                    check, expected = _CHECKS[kind]
-                    if not check(value.strip()):
-                        return UserError(
-                            f"{src}, line {lineno}: field {pos} should be {expected} ({what}), got {value!r}"
-                        )
-    except UnicodeDecodeError as exc:
-        return UserError(f"{src}: not a UTF-8 text file ({exc.reason} at byte {exc.start})")
+    lineno = 0
+    with open_text(src, words=words) as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            line = decode(raw, src, first_line=lineno).rstrip("\n")
+            if lineno <= header_lines or not line.strip():
+                continue
+            fields = line.split(sep)
+            if len(fields) != len(kinds) and not (more and len(fields) > len(kinds)):
+                return UserError(
+                    f"{src}, line {lineno}: expected {len(kinds)}{' or more' if more else ''} fields ({what}), "
+                    f"found {len(fields)}: {line[:80]!r}"
+                )
+            for pos, value in enumerate(fields, start=1):
+                check, expected = _CHECKS[kinds[min(pos, len(kinds)) - 1]]
+                if not check(value.strip()):
+                    return UserError(f"{src}, line {lineno}: field {pos} should be {expected} ({what}), got {value!r}")
+    # pandas reads an empty text, or a header alone, as no rows of no type when it is given the column names
+    if lineno == 0:
+        return UserError(f"{src}: the file is empty")
+    if lineno <= header_lines:
+        return UserError(f"{src}: the file has {_HEADER_ONLY}")
     return UserError(f"{src}: cannot parse as {what}")
 
 
-def _read_fast(src: Source, **kwargs: object) -> pd.DataFrame | None:
-    """``pd.read_csv`` on ``src``, or None when pandas rejects the file (the caller then diagnoses it)."""
+def _read_fast(src: Source, *, words: bool = False, **kwargs: object) -> pd.DataFrame | None:
+    """``pd.read_csv`` on the text of ``src``, or None when pandas rejects it (the caller then diagnoses it)."""
     try:
-        with open_binary(src) as fh:
+        with open_text(src, words=words) as fh:
             return pd.read_csv(fh, **kwargs)
     except (ValueError, pd.errors.ParserError, UnicodeDecodeError):
         # ParserError: wrong field count; ValueError: a value that does not convert to the column dtype.
@@ -144,14 +115,29 @@ def _read_fast(src: Source, **kwargs: object) -> pd.DataFrame | None:
         raise UserError(f"{src}: the file is empty") from None
 
 
+def _header(src: Source) -> str:
+    """The first line of a format with a header row (an empty file is an error of its own, not a bad header)."""
+    with open_text(src) as fh:
+        line = fh.readline()
+    if not line:
+        raise UserError(f"{src}: the file is empty")
+    return decode(line, src).rstrip("\n")
+
+
+def _integer_ids(df: pd.DataFrame, columns: Sequence[object]) -> bool:
+    """Whether pandas parsed these columns as int64: it falls back to float for ``5.0`` or ``1e3`` and to text
+    for ``9x4``, none of which is an integer id (so a column without its own dtype tells the two apart)."""
+    return all(df[column].dtype == np.int64 for column in columns)
+
+
 def _frame(user: np.ndarray, item: np.ndarray, timestamp: np.ndarray | pd.Series | None) -> pd.DataFrame:
     ts = np.full(len(user), np.nan) if timestamp is None else np.asarray(timestamp, dtype=np.float64)
     return pd.DataFrame({"user": user, "item": item, "timestamp": ts})
 
 
-def _require_rows(df: pd.DataFrame, src: Source) -> pd.DataFrame:
+def _require_rows(df: pd.DataFrame, src: Source, empty: str = _HEADER_ONLY) -> pd.DataFrame:
     if len(df) == 0:
-        raise UserError(f"{src}: the file contains no interactions")
+        raise UserError(f"{src}: the file has {empty}")
     return df
 
 
@@ -167,12 +153,12 @@ def read_movielens_udata(src: Source) -> pd.DataFrame:
         sep="\t",
         header=None,
         names=["user", "item", "rating", "timestamp"],
-        dtype={"user": "int64", "item": "int64", "rating": "float64", "timestamp": "float64"},
+        dtype={"rating": "float64", "timestamp": "float64"},
         quoting=csv.QUOTE_NONE,
     )
-    if df is None or df[["rating", "timestamp"]].isna().to_numpy().any():
+    if df is None or not _integer_ids(df, ["user", "item"]) or df[["rating", "timestamp"]].isna().to_numpy().any():
         raise _find_bad_line(src, sep="\t", kinds=["int", "int", "float", "float"], header_lines=0, what=what)
-    return _require_rows(_frame(df["user"].to_numpy(), df["item"].to_numpy(), df["timestamp"]), src)
+    return _frame(df["user"].to_numpy(), df["item"].to_numpy(), df["timestamp"])
 
 
 def read_movielens_dat(src: Source) -> pd.DataFrame:
@@ -182,22 +168,22 @@ def read_movielens_dat(src: Source) -> pd.DataFrame:
     the C engine gives seven fields whose odd positions are empty, which is the same thing at C speed.
     """
     what = "MovieLens ratings.dat: user::item::rating::timestamp"
-    df = _read_fast(src, sep=":", header=None, names=list(range(7)), dtype="float64", quoting=csv.QUOTE_NONE)
+    df = _read_fast(src, sep=":", header=None, names=list(range(7)), dtype={4: "float64", 6: "float64"},
+                    quoting=csv.QUOTE_NONE)
     if (
         df is None
-        or df[[0, 2, 4, 6]].isna().to_numpy().any()
+        or not _integer_ids(df, [0, 2])
+        or df[[4, 6]].isna().to_numpy().any()
         or df[[1, 3, 5]].notna().to_numpy().any()
-        or not (np.mod(df[[0, 2]].to_numpy(), 1) == 0).all()
     ):
         raise _find_bad_line(src, sep="::", kinds=["int", "int", "float", "float"], header_lines=0, what=what)
-    return _require_rows(_frame(df[0].to_numpy(np.int64), df[2].to_numpy(np.int64), df[6]), src)
+    return _frame(df[0].to_numpy(), df[2].to_numpy(), df[6])
 
 
 def read_movielens_csv(src: Source) -> pd.DataFrame:
     """MovieLens-20M/25M/32M ``ratings.csv``: header ``userId,movieId,rating,timestamp``."""
     what = "MovieLens ratings.csv: userId,movieId,rating,timestamp"
-    with open_binary(src) as fh:
-        header = fh.readline().decode("utf-8", errors="replace").strip()
+    header = _header(src).strip()
     if [h.strip() for h in header.split(",")] != ["userId", "movieId", "rating", "timestamp"]:
         raise UserError(
             f"{src}, line 1: expected the header 'userId,movieId,rating,timestamp', got {header!r}"
@@ -207,9 +193,9 @@ def read_movielens_csv(src: Source) -> pd.DataFrame:
         sep=",",
         header=0,
         names=["user", "item", "rating", "timestamp"],
-        dtype={"user": "int64", "item": "int64", "rating": "float64", "timestamp": "float64"},
+        dtype={"rating": "float64", "timestamp": "float64"},
     )
-    if df is None or df[["rating", "timestamp"]].isna().to_numpy().any():
+    if df is None or not _integer_ids(df, ["user", "item"]) or df[["rating", "timestamp"]].isna().to_numpy().any():
         raise _find_bad_line(src, sep=",", kinds=["int", "int", "float", "float"], header_lines=1, what=what)
     return _require_rows(_frame(df["user"].to_numpy(), df["item"].to_numpy(), df["timestamp"]), src)
 
@@ -247,8 +233,7 @@ def read_atomic(src: Source) -> pd.DataFrame:
 
     ``user_id`` and ``item_id`` are required; ``timestamp`` is optional (file order is kept without it).
     """
-    with open_binary(src) as fh:
-        header = fh.readline().decode("utf-8", errors="replace").rstrip("\r\n")
+    header = _header(src)
     names = [field.split(":", 1)[0].strip() for field in header.split("\t")]
     for required in ("user_id", "item_id"):
         if required not in names:
@@ -281,54 +266,50 @@ def read_atomic(src: Source) -> pd.DataFrame:
 
 
 # ----------------------------------------------------------------------------------------------------
-# Files published with S3Rec and SASRec (already ordered and filtered by their authors; no timestamps)
+# Files published with S3Rec and SASRec (already ordered and filtered by their authors; no timestamps).
+# Blanks separate the fields: the text is read with ``words``, so each line is its ids joined by single spaces.
 
-
-def _as_ids(values: list[str]) -> np.ndarray:
-    """Integer ids when every token is an integer (the usual case), else the tokens as strings."""
-    try:
-        return np.asarray(values, dtype=np.int64)
-    except (ValueError, OverflowError):
-        return np.asarray(values, dtype=object)
+_S3REC = "S3Rec: 'user item1 item2 ...' per line, integer ids"
+_SASREC = "SASRec: 'user item' per line, integer ids"
 
 
 def read_s3rec(src: Source) -> pd.DataFrame:
-    """One user per line, ``user i1 i2 ... in`` separated by whitespace, chronological (S3Rec data files)."""
+    """One user per line, ``user i1 i2 ... in`` separated by blanks, chronological (S3Rec data files)."""
+    with open_text(src, words=True) as fh:
+        text = decode(fh.read(), src)
     users: list[str] = []
     lengths: list[int] = []
     items: list[str] = []
-    with open_binary(src) as fh:
-        try:
-            lines = fh.read().decode("utf-8").splitlines()
-        except UnicodeDecodeError as exc:
-            raise UserError(f"{src}: not a UTF-8 text file ({exc.reason} at byte {exc.start})") from None
-    for lineno, line in enumerate(lines, start=1):
-        parts = line.split()
-        if not parts:
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        if not line:
             continue
-        if len(parts) < 2:
-            raise UserError(
-                f"{src}, line {lineno}: expected 'user item1 item2 ...' "
-                "(one user per line, whitespace-separated), "
-                f"got {line[:80]!r}"
-            )
-        users.append(parts[0])
-        lengths.append(len(parts) - 1)
-        items.extend(parts[1:])
+        ids = line.split(" ")
+        if len(ids) < 2:
+            raise UserError(f"{src}, line {lineno}: expected 'user item1 item2 ...' (one user per line, "
+                            f"separated by blanks), got {line[:80]!r}")
+        users.append(ids[0])
+        lengths.append(len(ids) - 1)
+        items.extend(ids[1:])
     if not users:
-        raise UserError(f"{src}: the file contains no interactions")
-    user_col = np.repeat(_as_ids(users), lengths)
-    return _frame(user_col, _as_ids(items), None)
+        raise UserError(f"{src}: the file is empty")
+    try:
+        # numpy takes what Python's int takes (1_0, non-ASCII digits): the text must hold ASCII ids only
+        if re.search(r"[^0-9+\- \n]", text):
+            raise ValueError
+        user_ids, item_ids = np.asarray(users, dtype=np.int64), np.asarray(items, dtype=np.int64)
+    except (ValueError, OverflowError):
+        raise _find_bad_line(src, sep=" ", kinds=["int", "int"], header_lines=0, what=_S3REC, words=True,
+                             more=True) from None
+    return _frame(np.repeat(user_ids, lengths), item_ids, None)
 
 
 def read_sasrec(src: Source) -> pd.DataFrame:
-    """One interaction per line, ``user item`` separated by whitespace, grouped by user and chronological
+    """One interaction per line, ``user item`` separated by blanks, grouped by user and chronological
     (SASRec data files)."""
-    what = "'user item' per line"
-    df = _read_fast(src, sep=r"\s+", header=None, names=["user", "item"], dtype="str", quoting=csv.QUOTE_NONE)
-    if df is None or df.isna().to_numpy().any():
-        raise _find_bad_line(src, sep=None, kinds=["token", "token"], header_lines=0, what=what)
-    return _require_rows(_frame(_as_ids(df["user"].tolist()), _as_ids(df["item"].tolist()), None), src)
+    df = _read_fast(src, words=True, sep=" ", header=None, names=["user", "item"], quoting=csv.QUOTE_NONE)
+    if df is None or not _integer_ids(df, ["user", "item"]):
+        raise _find_bad_line(src, sep=" ", kinds=["int", "int"], header_lines=0, what=_SASREC, words=True)
+    return _frame(df["user"].to_numpy(), df["item"].to_numpy(), None)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -383,18 +364,17 @@ def _read_parquet_columns(src: Source, wanted: list[str]) -> pd.DataFrame:
 
 
 def _read_csv_columns(src: Source, wanted: list[str], sep: str, id_cols: list[str]) -> pd.DataFrame:
-    with open_binary(src) as fh:
-        header = fh.readline().decode("utf-8", errors="replace").rstrip("\r\n")
+    header = _header(src)
     _missing_columns(src, wanted, next(csv.reader([header], delimiter=sep)) if header else [])
     try:
-        with open_binary(src) as fh:
+        with open_text(src) as fh:
             df = pd.read_csv(
                 fh, sep=sep, usecols=wanted, dtype=dict.fromkeys(id_cols, "str"), skip_blank_lines=False
             )
     except (ValueError, pd.errors.ParserError) as exc:
         raise UserError(f"{src}: cannot parse as CSV ({exc})".replace("\n", " ")) from None
     except UnicodeDecodeError as exc:
-        raise UserError(f"{src}: not a UTF-8 text file ({exc.reason} at byte {exc.start})") from None
+        raise UserError(f"{src}: not a UTF-8 text file ({exc.reason})") from None
     # Blank lines become all-NaN rows; dropping them keeps every other row's index equal to its position.
     return df[~df.isna().all(axis=1).to_numpy()]
 
@@ -434,4 +414,5 @@ def read_table(
         if holes.any():
             raise UserError(f"{src}, {unit} {numbers[np.flatnonzero(holes)[0]]}: column '{col}' is empty")
     ts = _to_seconds(df[time_col], src, time_col, numbers, unit) if time_col else None
-    return _require_rows(_frame(df[user_col].to_numpy(), df[item_col].to_numpy(), ts), src)
+    frame = _frame(df[user_col].to_numpy(), df[item_col].to_numpy(), ts)
+    return _require_rows(frame, src, "no rows" if fmt == "parquet" else _HEADER_ONLY)

@@ -37,7 +37,9 @@ class Recipe:
     ``reader`` parses a located source file (None for the synthetic generator). ``filenames`` are the glob
     patterns looked for, in order of preference, when ``--source`` (or a download) is a folder or a zip.
     ``download`` is the zip's file name under the MovieLens base URL (None: ``--source`` is required).
-    ``options`` are the extra keyword options the recipe accepts, with their defaults.
+    ``options`` are the extra keyword options the recipe accepts, with their defaults. ``words``: blanks separate
+    the fields (any run of spaces and tabs), so the source's normal form, which its checksum hashes, joins them
+    with one space as its reader does (:func:`study.data.files.open_text`).
     """
 
     name: str
@@ -49,6 +51,7 @@ class Recipe:
     download: str | None = None
     expected: Counts | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    words: bool = False
 
     @property
     def synthetic(self) -> bool:
@@ -71,11 +74,12 @@ class Recipe:
 
 
 _S3REC = (
-    "one user per line, 'user item1 item2 ...' separated by spaces, chronological "
+    "one user per line, 'user item1 item2 ...' separated by spaces or tabs, integer ids, chronological "
     "(the data/*.txt files of aHuiWang/CIKM2020-S3Rec)"
 )
 _SASREC = (
-    "one interaction per line, 'user item' separated by a space, grouped by user and chronological "
+    "one interaction per line, 'user item' separated by a space or tab, integer ids, grouped by user and "
+    "chronological "
     "(the data/*.txt files of kang205/SASRec)"
 )
 _MOVIELENS = (
@@ -114,6 +118,7 @@ def _s3rec(name: str, title: str, filename: str, expected: Counts | None) -> Rec
         source_format=_S3REC,
         filenames=(filename,),
         expected=expected,
+        words=True,
     )
 
 
@@ -138,6 +143,7 @@ RECIPES: dict[str, Recipe] = {
             source_format=_SASREC,
             filenames=("Video.txt",),
             expected=Counts(287_107, 31_013, 23_715),
+            words=True,
         ),
         Recipe(
             name="synthetic",

@@ -4,6 +4,11 @@ A folder given to the ``csv`` or ``parquet`` recipe is a sharded source: every f
 that format's extension, in the order of their relative paths. That order is the file order of the whole source
 (the tie-breaker of the chronological sort), and the shards' checksums together are its checksum, so adding,
 removing or renaming a shard gives another prepared dataset.
+
+A text file's checksum is that of its normal form (:func:`study.data.files.checksum`): a copy with a byte order
+mark, CRLF line ends or blank lines at the end, or tabs for spaces where blanks separate the fields, is the same
+source as the clean file, and prepares to the same dataset. A zip archive's checksum is that of its bytes (the
+GroupLens downloads are identified by them).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any
 
 from study.data.cache import cache_dir
 from study.data.download import download, movielens_url
-from study.data.readers import Source, ZipMember
+from study.data.files import Source, ZipMember, checksum
 from study.data.recipes import Recipe
 from study.errors import UserError
 
@@ -102,14 +107,17 @@ def locate(recipe: Recipe, path: Path) -> Source | Shards:
     return path
 
 
-def _checksum(path: Path, located: Source | Shards) -> str:
-    """sha256 of the source file, or of the shards' relative names and checksums for a folder of shards."""
+def _checksum(recipe: Recipe, path: Path, located: Source | Shards) -> str:
+    """sha256 of the source file's normal form, of a zip archive's bytes, or of the shards' relative names and
+    checksums for a folder of shards."""
     try:
-        if not isinstance(located, Shards):
+        if isinstance(located, ZipMember):
             return sha256_file(path)
+        if not isinstance(located, Shards):
+            return checksum(located, words=recipe.words)
         digest = hashlib.sha256()
         for shard in located.files:
-            digest.update(f"{shard.relative_to(located.folder).as_posix()}\0{sha256_file(shard)}\n".encode())
+            digest.update(f"{shard.relative_to(located.folder).as_posix()}\0{checksum(shard)}\n".encode())
         return digest.hexdigest()
     except OSError as exc:
         raise UserError(f"cannot read {exc.filename or path}: {exc.strerror or exc}") from None
@@ -117,9 +125,11 @@ def _checksum(path: Path, located: Source | Shards) -> str:
 
 def resolve_source(
     recipe: Recipe, source: str | os.PathLike[str] | None, progress: bool
-) -> tuple[Source | Shards, dict]:
-    """Download or check the source and locate the file(s) to read; returns them and their meta.json description."""
+) -> tuple[Source | Shards, dict, Path | None]:
+    """Download or check the source and locate the file(s) to read; returns them, their meta.json description and
+    the archive this call downloaded (None when it downloaded nothing), which a failed preparation removes."""
     info: dict[str, Any] = {}
+    downloaded = None
     if source is None:
         if recipe.download is None:
             raise UserError(f"dataset '{recipe.name}' needs --source PATH: {recipe.source_format}")
@@ -129,6 +139,8 @@ def resolve_source(
             f"Without internet access, download {recipe.download} on another machine and run: "
             f"python -m study.data prepare {recipe.name} --source PATH ({recipe.source_format})"
         )
+        if not archive.is_file():
+            downloaded = archive
         download(url, archive, progress=progress, hint=hint)
         path = archive
         info["url"] = url
@@ -136,10 +148,15 @@ def resolve_source(
         path = Path(source).expanduser()
         if not path.exists():
             raise UserError(f"source not found: {path}")
-    located = locate(recipe, path)
-    info["sha256"] = _checksum(path if isinstance(located, ZipMember | Shards) else Path(located), located)
+    try:
+        located = locate(recipe, path)
+        info["sha256"] = _checksum(recipe, path, located)
+    except BaseException:
+        if downloaded is not None:  # a zip without a ratings file: the next try downloads again
+            downloaded.unlink(missing_ok=True)
+        raise
     info["path"] = str(path.resolve())
     info["file"] = str(located)
     if isinstance(located, Shards):
         info["shards"] = len(located.files)
-    return located, info
+    return located, info, downloaded

@@ -139,6 +139,47 @@ def test_failure_midway_leaves_nothing(
     assert load_prepared(prepare("lastfm", source=lastfm, progress=False)).num_users == users_in(lastfm)
 
 
+def test_a_copy_from_another_system_is_the_same_source(lastfm: Path, data_cache: Path, tmp_path: Path) -> None:
+    """A copy with a byte order mark and CRLF line ends (as Windows tools write it) is the same source: the same
+    prepared directory, and by name one source, not "prepared from 2 different sources"."""
+    first = prepare("lastfm", source=lastfm, progress=False)
+    copy = tmp_path / "LastFM.txt"
+    copy.write_bytes(b"\xef\xbb\xbf" + lastfm.read_bytes().replace(b"\n", b"\r\n"))
+    assert prepare("lastfm", source=copy, progress=False) == first
+    k2 = prepare("lastfm", source=copy, kcore=2, progress=False)
+    assert prepare("lastfm", progress=False) == first and prepare("lastfm", kcore=2, progress=False) == k2
+
+
+def _udata(path: Path, rows: list[str]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(row + "\n" for row in rows))
+    return path
+
+
+def test_a_failed_preparation_keeps_no_source(data_cache: Path, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A downloadable recipe keeps a --source in the cache, but only once its preparation succeeded: a refused
+    file, or a failure after the build, leaves no copy that the name could later be prepared from."""
+    rows = [f"{user}\t{item}\t4\t{10 * user + item}" for user in range(1, 5) for item in range(1, 5)]
+    good = prepare("ml-100k", source=_udata(tmp_path / "good" / "u.data", rows), kcore=0, progress=False)
+    kept = sorted(path for path in (data_cache / "sources").rglob("*") if path.is_file())
+    assert len(kept) == 1
+    with pytest.raises(UserError, match=r"u\.data, line 17: field 2 should be an integer"):
+        prepare("ml-100k", source=_udata(tmp_path / "bad" / "u.data", [*rows, "5\t9x4\t4\t1"]), progress=False)
+
+    def disk_full(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pipeline, "_publish", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        prepare("ml-100k", source=_udata(tmp_path / "other" / "u.data", rows[:-1]), kcore=0, progress=False)
+    monkeypatch.undo()
+    monkeypatch.setenv("SEQREC_DATA", str(data_cache))
+    assert sorted(path for path in (data_cache / "sources").rglob("*") if path.is_file()) == kept
+    assert [path for path, _ in list_prepared()] == [good]
+    assert prepare("ml-100k", kcore=0, progress=False) == good  # by name: the one source there is
+
+
 def test_bad_inputs_write_nothing(lastfm: Path, data_cache: Path, tmp_path: Path) -> None:
     with pytest.raises(UserError, match="empty after the 1000-core filter"):
         prepare("lastfm", source=lastfm, kcore=1000, progress=False)

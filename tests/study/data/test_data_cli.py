@@ -69,6 +69,12 @@ def _bad_line(tmp: Path) -> Path:
     return path
 
 
+def _bad_token(tmp: Path) -> Path:
+    path = tmp / "LastFM.txt"
+    path.write_text("1 1 2 3\n2 2 3 4\n3 1 9x4 2\n")
+    return path
+
+
 def _tiny_udata(tmp: Path) -> Path:
     path = tmp / "tiny" / "u.data"
     path.parent.mkdir()
@@ -96,6 +102,10 @@ CASES = {
     "unparsable line": (
         lambda tmp: ["prepare", "ml-100k", "--source", str(_bad_line(tmp))],
         r"u\.data, line 3: field 2 should be an integer",
+    ),
+    "bad token": (
+        lambda tmp: ["prepare", "lastfm", "--source", str(_bad_token(tmp))],
+        r"LastFM\.txt, line 3: field 3 should be an integer .*got '9x4'$",
     ),
     "empty after k-core": (
         lambda tmp: ["prepare", "ml-100k", "--source", str(_tiny_udata(tmp))],
@@ -126,8 +136,8 @@ def test_bad_input_is_one_line_exit_2(case: str, tmp_path: Path) -> None:
     assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
     assert "Traceback" not in done.stderr
     assert re.search(pattern, lines[0]), lines[0]
-    prepared = cache / "prepared"
-    assert not prepared.exists() or list(prepared.iterdir()) == []
+    # nothing in the cache: no prepared directory, no kept copy of the source, no download
+    assert [path for path in cache.rglob("*") if path.is_file()] == []
 
 
 def test_download_failure_via_cli(tmp_path: Path) -> None:
@@ -141,3 +151,26 @@ def test_download_failure_via_cli(tmp_path: Path) -> None:
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith(f"error: download of http://127.0.0.1:{port}/ml-1m.zip failed: ")
     assert "--source PATH" in line
+
+
+def test_list_fits_120_columns(tmp_path: Path, data_cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``list`` wraps the recipes' descriptions and shortens long paths in the middle: no line over 120 columns,
+    and nothing that says what a dataset is goes missing."""
+    from study.data import RECIPES, prepare
+    from study.data.__main__ import main
+
+    deep = tmp_path.joinpath(*[f"a-rather-long-folder-name-number-{n}" for n in range(6)])
+    deep.mkdir(parents=True)
+    source = _tiny_udata(deep)
+    prepared = prepare("ml-100k", source=source, kcore=0, progress=False)  # kept in the cache: a second path
+    assert len(str(source)) > 200
+    capsys.readouterr()
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 120, out
+    words = " ".join(out.split())
+    for recipe in RECIPES.values():
+        assert " ".join(recipe.description.split()) in words, recipe.name
+    assert prepared.name in out and "u.data" in out and "kept in the cache: <cache>/sources/ml-100k/" in out
+    source_line = next(line for line in out.splitlines() if line.lstrip().startswith("source: "))
+    assert source_line.endswith("/tiny/u.data") and str(tmp_path)[:10] in source_line and "..." in source_line

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +10,15 @@ import pandas as pd
 import pytest
 
 from study.data import load_prepared, prepare
-from study.data.readers import read_atomic, read_s3rec, read_sasrec, read_table
+from study.data.readers import (
+    read_atomic,
+    read_movielens_csv,
+    read_movielens_dat,
+    read_movielens_udata,
+    read_s3rec,
+    read_sasrec,
+    read_table,
+)
 from study.errors import UserError
 
 # From ../shared/datasets/README.md: users, items, interactions, (mean, median, max) length.
@@ -102,6 +111,29 @@ def test_s3rec_and_sasrec_bad_lines(tmp_path: Path) -> None:
     sasrec.write_text("1 1\n1\n")
     with pytest.raises(UserError, match=r"V\.txt, line 2: expected 2 fields"):
         read_sasrec(sasrec)
+
+
+INTEGER_ID_FILES = {  # file name, reader, text with "{}" where the second line's item id goes (line 2)
+    "S3Rec": ("S.txt", read_s3rec, "1 1 2 3\n2 {} 6\n"),
+    "SASRec": ("V.txt", read_sasrec, "1 1\n1 {}\n"),
+    "u.data": ("u.data", read_movielens_udata, "1\t1\t5\t10\n1\t{}\t5\t11\n"),
+    "ratings.dat": ("ratings.dat", read_movielens_dat, "1::1::5::10\n1::{}::5::11\n"),
+    "ratings.csv": ("ratings.csv", read_movielens_csv, "userId,movieId,rating,timestamp\n1,{},5,11\n"),
+}
+
+
+@pytest.mark.parametrize("fmt", list(INTEGER_ID_FILES))
+def test_integer_ids_are_strict(fmt: str, tmp_path: Path) -> None:
+    """Ids are integers where the format's own code parses them with int: anything else (what pandas or numpy
+    would take as a number or as text) names its line, rather than becoming an item or a float cast back."""
+    name, reader, text = INTEGER_ID_FILES[fmt]
+    path = tmp_path / name
+    path.write_text(text.format("+7"))
+    assert 7 in reader(path)["item"].tolist()
+    for token in ("9x4", "5.0", "1e3", "1_0", "\u0663", "99999999999999999999", "0x1"):
+        path.write_text(text.format(token), encoding="utf-8")
+        with pytest.raises(UserError, match=rf"{re.escape(name)}, line 2: field 2 should be an integer"):
+            reader(path)
 
 
 def test_generic_csv_with_column_flags(tmp_path: Path, data_cache: Path) -> None:

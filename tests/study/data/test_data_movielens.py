@@ -241,6 +241,17 @@ def test_download_with_wrong_counts_is_rejected(
     assert not (data_cache / "prepared").exists() or not any((data_cache / "prepared").iterdir())
 
 
+def test_download_that_does_not_parse_is_not_kept(tmp_path: Path, data_cache: Path, http_root: Path) -> None:
+    """A failed preparation leaves the cache as it found it: the archive it downloaded goes too (a retry downloads
+    again instead of reusing a bad file forever), and a kept archive it did not download stays."""
+    udata = tmp_path / "u.data"
+    udata.write_text("1\t10\t5\t100\n1\t11\t3\t101\n2\t1e3\t4\t102\n")
+    (http_root / "ml-100k.zip").write_bytes(_udata_zip(udata))
+    with pytest.raises(UserError, match=r"ml-100k\.zip:ml-100k/u\.data, line 3: field 2 should be an integer"):
+        prepare("ml-100k", progress=False)
+    assert [path for path in data_cache.rglob("*") if path.is_file()] == []
+
+
 # ----------------------------------------------------------------------------------------------------
 # The other MovieLens file formats, and --source as zip / folder / file
 

@@ -5,6 +5,7 @@ and on real MovieLens-100K."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -152,3 +153,25 @@ def test_file_order_without_timestamps_and_no_kcore(ray_local, synthetic_lastfm_
     options = {"source": synthetic_lastfm_file, "max_len": 50}
     assert_same_dataset(_prepare_with("pandas", tmp_path, monkeypatch, "lastfm", **options),
                         _prepare_with("ray", tmp_path, monkeypatch, "lastfm", **options))
+
+
+def test_files_from_other_systems_and_bad_tokens(ray_local, synthetic_lastfm_file: Path, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray's read tasks run the same readers: a copy of an S3Rec file with a byte order mark, CRLF and tabs is the
+    clean file's dataset; a bad token is the reader's one-line UserError, as on pandas, and leaves nothing behind."""
+    source = tmp_path / "in" / "LastFM.txt"
+    source.parent.mkdir()
+    clean = synthetic_lastfm_file.read_bytes()
+    source.write_bytes(clean)
+    pandas_dir = _prepare_with("pandas", tmp_path, monkeypatch, "lastfm", source=source, max_len=20)
+    source.write_bytes(b"\xef\xbb\xbf" + clean.replace(b" ", b"\t").replace(b"\n", b"\r\n") + b"\r\n")
+    assert_same_dataset(pandas_dir, _prepare_with("ray", tmp_path, monkeypatch, "lastfm", source=source, max_len=20))
+
+    lines = [line.split(" ") for line in clean.decode().splitlines()]
+    lines[6][2] = "9x4"  # line 7, field 3: the user's second item
+    source.write_text("".join(" ".join(ids) + "\n" for ids in lines))
+    monkeypatch.setenv("SEQREC_DATA", str(tmp_path / "refused"))
+    with pytest.raises(UserError) as refused:
+        prepare("lastfm", source=source, engine="ray", progress=False)
+    assert re.fullmatch(r".*LastFM\.txt, line 7: field 3 should be an integer \(.*\), got '9x4'", str(refused.value))
+    assert [path for path in (tmp_path / "refused").rglob("*") if path.is_file()] == []
