@@ -30,9 +30,10 @@ class EpochCost:
     tokens: int  # input positions processed, padding included
     real_tokens: int  # input positions that hold an item
     computed_tokens: int  # input positions the model computes: ``tokens`` less the trimmed padding columns
-    step_s: float  # median time of one measured step on a full batch
+    step_s: float  # mean time of one step over measured real batches spread across the epoch's widths
     max_len: int
     median_length: float  # the dataset's median sequence length
+    overhead_s: float = 0.0  # the rest of an epoch: drawing its windows, and the validation pass
 
     def scaled(self, factor: float) -> EpochCost:
         """The cost of an epoch ``factor`` times as large (an estimate from a sample of the windows)."""
@@ -41,7 +42,7 @@ class EpochCost:
 
     @property
     def epoch_s(self) -> float:
-        return self.steps * self.step_s
+        return self.steps * self.step_s + self.overhead_s
 
     @property
     def padding(self) -> float:
@@ -58,7 +59,8 @@ class EpochCost:
             trimmed = f", {_si(self.computed_tokens)} computed after trimming ({self.computed_padding:.0%} padding)"
         parts = [f"cost estimate: {self.windows:,} windows/epoch in {self.steps:,} steps, {_si(self.tokens)} tokens "
                  f"({self.padding:.0%} padding){trimmed};",
-                 f"one step {self.step_s * 1e3:.0f} ms -> ~{_duration(self.epoch_s)}/epoch, at most "
+                 f"one step {self.step_s * 1e3:.0f} ms, loader and validation {_duration(self.overhead_s)} -> "
+                 f"~{_duration(self.epoch_s)}/epoch, at most "
                  f"~{_duration(self.epoch_s * max_epochs)} for {max_epochs} epochs"]
         if self.computed_padding > PADDING_HINT:
             parts[-1] += ";"
@@ -68,8 +70,12 @@ class EpochCost:
 
 
 def estimate_epoch(step: TrainStep, batches: list[tuple[np.ndarray, torch.Tensor | None]], device: torch.device,
-                   median_length: float, repeats: int = 3) -> EpochCost:
-    """Cost of one epoch made of ``batches`` ((B, L + 1) windows and their user ids), timing a copy of the model."""
+                   median_length: float, repeats: int = 5, overhead_s: float = 0.0) -> EpochCost:
+    """Cost of one epoch made of ``batches`` ((B, L + 1) windows and their user ids), timing a copy of the model.
+
+    The step is timed on ``repeats`` real full-size batches at evenly spaced quantiles of their trimmed width (their
+    mean, so that the wide and narrow batches of a trimmed epoch weigh as they do in it), after one warm-up step.
+    """
     windows = sum(len(batch) for batch, _ in batches)
     tokens = sum(batch[:, :-1].size for batch, _ in batches)
     real = sum(int(np.count_nonzero(batch[:, :-1])) for batch, _ in batches)
@@ -78,15 +84,18 @@ def estimate_epoch(step: TrainStep, batches: list[tuple[np.ndarray, torch.Tensor
     full_size = max(len(batch) for batch, _ in batches)
     by_cost = sorted((cost, index) for index, (cost, (batch, _)) in enumerate(zip(computed, batches))
                      if len(batch) == full_size)
-    largest, users = batches[by_cost[len(by_cost) // 2][1]]  # a full-size batch of median trimmed width
+    picks = sorted({by_cost[round(q * (len(by_cost) - 1) / max(1, repeats - 1))][1] for q in range(repeats)})
+    largest = batches[by_cost[-1][1]][0]
     cpu_state = torch.get_rng_state()
     cuda_state = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
     try:
         trial = TrainStep(copy.deepcopy(step.model), step.train, step.item_popularity)
-        batch = torch.as_tensor(largest, dtype=torch.long, device=device)
-        trial(batch, users=users)  # warm-up: allocator, kernels, lazy initialisation
+        warm, warm_users = batches[by_cost[len(by_cost) // 2][1]]
+        trial(torch.as_tensor(warm, dtype=torch.long, device=device), users=warm_users)  # allocator, kernels, lazy init
         timings = []
-        for _ in range(repeats):
+        for index in picks:
+            measured, users = batches[index]
+            batch = torch.as_tensor(measured, dtype=torch.long, device=device)
             begin = time.perf_counter()
             trial(batch, users=users).item()  # .item() waits for the device
             timings.append(time.perf_counter() - begin)
@@ -95,8 +104,8 @@ def estimate_epoch(step: TrainStep, batches: list[tuple[np.ndarray, torch.Tensor
         if cuda_state is not None:
             torch.cuda.set_rng_state_all(cuda_state)
     return EpochCost(windows=windows, steps=len(batches), tokens=tokens, real_tokens=real,
-                     computed_tokens=sum(computed), step_s=float(np.median(timings)), max_len=largest.shape[1] - 1,
-                     median_length=median_length)
+                     computed_tokens=sum(computed), step_s=float(np.mean(timings)), max_len=largest.shape[1] - 1,
+                     median_length=median_length, overhead_s=overhead_s)
 
 
 def _si(count: float) -> str:

@@ -388,11 +388,21 @@ def batch_user_ids(model: SeqRecModel, users: np.ndarray | None, device: torch.d
 
 
 def epoch_cost(step: TrainStep, data: TrialData, train_cfg: TrainConfig, device: torch.device) -> EpochCost:
-    """The cost of one epoch of this trial (its batches drawn with a separate generator: training is unchanged)."""
+    """The cost of one epoch of this trial, as the trainer runs it: the data loader drawing the epoch's windows,
+    the training steps, and the validation pass over every user (its batches drawn with a separate generator:
+    training is unchanged)."""
     rng = np.random.default_rng(train_cfg.seed)
+    started = time.perf_counter()
     batches = [(windows, batch_user_ids(step.model, users, device)) for windows, users in
                epoch_windows(data, user_batches(data.train, train_cfg.batch_size, rng), step.objective, train_cfg, rng)]
-    return estimate_epoch(step, batches, device, float(data.meta.get("length", {}).get("median", float("nan"))))
+    loader_s = time.perf_counter() - started
+    started = time.perf_counter()
+    with torch.no_grad():
+        evaluate(step.model, data.valid, batch_size=train_cfg.eval_batch_size, device=device,
+                 mask_history=train_cfg.mask_history, trim=train_cfg.trim_padding)
+    validation_s = time.perf_counter() - started
+    return estimate_epoch(step, batches, device, float(data.meta.get("length", {}).get("median", float("nan"))),
+                          overhead_s=loader_s + validation_s)
 
 
 def efficiency_figures(model_name: str, model_hparams: dict, train_cfg: TrainConfig, data: TrialData,
