@@ -68,11 +68,14 @@ class Browser:
         executable = chromium_path()
         if executable is None:
             raise BrowserError("no chromium on PATH (apt-get install chromium)")
-        self._profile = tempfile.TemporaryDirectory(prefix="check-browser-")
+        # Chromium's helper processes may still write into the profile as it exits: a leftover file is no failure
+        self._profile = tempfile.TemporaryDirectory(prefix="check-browser-", ignore_cleanup_errors=True)
         profile = Path(self._profile.name)
         # port 0: Chromium picks a free port and writes it into DevToolsActivePort of the profile
         self._process = subprocess.Popen(
             [executable, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
+             # nothing but the pages checked: no updates, sync or other traffic of its own
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
              f"--user-data-dir={profile}", "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0",
              f"--window-size={self.width},{self.height}", "about:blank"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -152,14 +152,16 @@ def start_ray(address: str = LOCAL, *, dashboard: bool = False, num_cpus: int | 
 
 
 def _print_dashboard(context: Any, address: str) -> None:
-    from study.search.dashboards import ray_dashboard_line
+    from study.search.dashboards import ray_dashboard_line, ray_sign_in
 
     url = getattr(context, "dashboard_url", None)
     if not url:
         print("Ray dashboard: not running (it needs ray[default])")
         return
     # Ray sets RAY_AUTH_MODE=token in this process when it found the cluster's token
-    print(ray_dashboard_line(url, os.environ.get("RAY_AUTH_MODE", "").lower() == "token"), flush=True)
+    token_auth = os.environ.get("RAY_AUTH_MODE", "").lower() == "token"
+    # the dashboard takes no token from a URL: the printed link sets its cookie first (RaySignIn)
+    print(ray_dashboard_line(url, token_auth, ray_sign_in(url) if token_auth else None), flush=True)
     if is_remote(address) and not url.startswith(("127.0.0.1", "localhost")):
         print("  it listens beyond loopback: reach it through `ssh -L 8265:localhost:8265 HEAD` or `kubectl "
               "port-forward`, never expose it publicly (it runs code for whoever reaches it)")

@@ -48,7 +48,7 @@ CONFIG_FILE, DATASET_FILE, ITEMS_FILE, HISTORIES_FILE = "config.yaml", "dataset.
 
 def choose_trial(study_dir: Path, trial: str | None) -> tuple[str, dict[str, Any]]:
     """The trial to export and the study's resolved YAML: ``trial`` if given (it must have finished), else the
-    finished trial with the best value of the study's first validation objective."""
+    finished trial with the best value of the study's first validation objective (:func:`study_metric`)."""
     results = load_results(study_dir)
     ok = results.trials[results.trials["status"] == "ok"]
     if trial is not None:
@@ -59,9 +59,15 @@ def choose_trial(study_dir: Path, trial: str | None) -> tuple[str, dict[str, Any
             raise UserError(f"{study_dir}: trial {trial} did not finish (status "
                             f"{results.trials.set_index('trial_id').loc[trial, 'status']}); it has no model to export")
         return trial, results.study
-    metric = selection_metric(dict(results.study.get("objectives") or {}), None)
+    metric = study_metric(results.study)
     best = ok.sort_values([metric, "trial_id"], ascending=[False, True], kind="stable").iloc[0]
     return str(best["trial_id"]), results.study
+
+
+def study_metric(study: dict[str, Any]) -> str:
+    """The metric ``--best`` ranks a study's trials on: its first validation objective (``valid_ndcg@10`` when
+    it has none)."""
+    return selection_metric(dict(study.get("objectives") or {}), None)
 
 
 def find_best_model(study_dir: Path, trial_id: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -96,10 +102,14 @@ def prepared_dataset(study: dict[str, Any], identity: dict[str, Any], max_len: i
 
 def export_model(study_dir: str | Path, out: str | Path, trial: str | None = None) -> Path:
     """Write the self-contained model folder (see the module docstring); returns ``out``."""
+    trial_id, study = choose_trial(Path(study_dir), trial)
+    return write_export(Path(study_dir), Path(out), trial_id, study)
+
+
+def write_export(study_dir: Path, out: Path, trial_id: str, study: dict[str, Any]) -> Path:
+    """Write trial ``trial_id``'s model folder (see the module docstring); ``study`` is the study's resolved YAML."""
     from study.data import raw_items
 
-    study_dir, out = Path(study_dir), Path(out)
-    trial_id, study = choose_trial(study_dir, trial)
     weights, info = find_best_model(study_dir, trial_id)
     # a run recorded before a model key existed rebuilds, and retrains from config.yaml, as it ran (not today's default)
     model_config = models.recorded_config(info["model"], dict(info["model_config"]))
@@ -122,6 +132,20 @@ def export_model(study_dir: str | Path, out: str | Path, trial: str | None = Non
     return out
 
 
+def describe_export(out: Path, metric: str, chosen: bool) -> str:
+    """The line naming what ``out`` holds: the study and trial, the trial's ``metric`` at its kept epoch (read
+    back from the written ``model.json``, so it is what the exported weights scored), and why this trial.
+
+    ``chosen`` says whether the trial was given with ``--trial``; otherwise it is the study's best on ``metric``.
+    """
+    info = json.loads((out / BEST_INFO_FILE).read_text())
+    value = dict(info.get("best_valid") or {}).get(metric.removeprefix("valid_"))
+    shown = "n/a" if value is None else f"{value:.4f}"
+    why = "chosen with --trial" if chosen else f"the best on {metric}"
+    return (f"exported trial {info['trial_id']} of study {info.get('study')} ({why}): {metric} {shown} at epoch "
+            f"{info.get('best_epoch')}, to {out}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m study.export",
                                      description="Export a study's best (or a chosen) trial's model as a folder.")
@@ -133,10 +157,11 @@ def main(argv: list[str] | None = None) -> int:
                        help="the best trial on the study's first validation objective (the default)")
     args = parser.parse_args(argv)
     try:
-        out = export_model(args.study, args.out, args.trial)
+        trial_id, study = choose_trial(Path(args.study), args.trial)
+        out = write_export(Path(args.study), Path(args.out), trial_id, study)
     except UserError as error:
         return print_error(error)
-    print(f"wrote {out}")
+    print(describe_export(out, study_metric(study), chosen=args.trial is not None))
     return 0
 
 

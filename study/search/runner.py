@@ -51,6 +51,7 @@ from study.search.records import atomic_write_text, read_records
 from study.search.searcher import (
     StudySamples,
     close_orphans,
+    fixed_points_search,
     make_scheduler,
     make_searcher,
     points_space,
@@ -246,7 +247,6 @@ def _drive(study: Study, out: Path, mirror: Mirror, base_data: TrialData, train_
     """
     from ray import tune
     from ray.tune.schedulers import FIFOScheduler
-    from ray.tune.search import BasicVariantGenerator
 
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / STUDY_FILE, _study_file_text(study))  # a resume may have raised the budget
@@ -302,7 +302,7 @@ def _drive(study: Study, out: Path, mirror: Mirror, base_data: TrialData, train_
             search = dict(search_alg=make_searcher(study, storage_url, concurrency), scheduler=make_scheduler(study),
                           num_samples=study.budget.num_samples)
         else:  # fixed points: as many at once as the sweep runs, each to its full budget (no ASHA, no time budget)
-            search = dict(search_alg=BasicVariantGenerator(points_to_evaluate=points, max_concurrent=concurrency),
+            search = dict(search_alg=fixed_points_search(points, concurrency),
                           scheduler=FIFOScheduler(), num_samples=len(points))
         tuner = tune.Tuner(
             trainable,

@@ -8,15 +8,17 @@ SQLite (``optuna.db``) so optuna-dashboard can open it and ``--resume`` continue
 
 from __future__ import annotations
 
+import copy
 import json
 import math
+import pickle
 import warnings
 from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
-from ray.tune.search import SearchGenerator
+from ray.tune.search import ConcurrencyLimiter, Searcher, SearchGenerator
 from ray.tune.search.optuna import OptunaSearch
 
 from study.search.records import STUDY_TIME_BUDGET
@@ -221,8 +223,6 @@ def make_searcher(study: Study, storage_url: str, max_concurrent: int) -> StudyS
 
     At most ``max_concurrent`` trials at once, ``budget.num_samples`` in all (see :class:`StudySamples`).
     """
-    from ray.tune.search import ConcurrencyLimiter
-
     search = _optuna_search(study, storage_url)
     return StudySamples(ConcurrencyLimiter(search, max_concurrent=max_concurrent), study.budget.num_samples)
 
@@ -292,6 +292,56 @@ def close_orphans(storage_url: str, study_name: str, records: dict[str, dict[str
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
+
+class FixedPoints(Searcher):
+    """Tune's trials for given configs, one per point in order: what :mod:`study.replicate` runs.
+
+    Tune names a trial after what created it. A searcher's trials (the sweep's Optuna search) come through
+    ``SearchGenerator``, which gives each ``Trial.generate_id()``'s 8 hex digits; ``BasicVariantGenerator``'s
+    ``points_to_evaluate`` get a per-run prefix and a counter instead (``39e5d_00000``). Serving the points from a
+    :class:`~ray.tune.search.Searcher` gives every command the same kind of trial id, through Tune's public API.
+    Its state (the points, how many it handed out) is saved with Tune's experiment, so a resumed batch starts each
+    point once, as ``BasicVariantGenerator``'s counter did.
+    """
+
+    def __init__(self, points: list[dict[str, Any]]) -> None:
+        super().__init__()
+        self._points = [copy.deepcopy(dict(point)) for point in points]
+        self._given = 0
+
+    def set_search_properties(self, metric: str | None, mode: str | None, config: dict[str, Any],
+                              **spec: Any) -> bool:
+        # every point sets every key, so the run's param_space (points_space) has nothing left to resolve
+        return True
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | str:
+        if self._given >= len(self._points):
+            return Searcher.FINISHED
+        self._given += 1
+        return copy.deepcopy(self._points[self._given - 1])
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        pass  # nothing to learn: the points are fixed
+
+    def get_state(self) -> dict[str, Any]:
+        return {"points": copy.deepcopy(self._points), "given": self._given}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self._points, self._given = state["points"], int(state["given"])
+
+    def save(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "wb") as out:
+            pickle.dump(self.get_state(), out)
+
+    def restore(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "rb") as saved:
+            self.set_state(pickle.load(saved))
+
+
+def fixed_points_search(points: list[dict[str, Any]], max_concurrent: int) -> ConcurrencyLimiter:
+    """The search algorithm of a fixed-points run: :class:`FixedPoints`, at most ``max_concurrent`` at once
+    (as many as the sweep runs); pass it as ``TuneConfig(search_alg=...)`` with ``num_samples=len(points)``."""
+    return ConcurrencyLimiter(FixedPoints(points), max_concurrent=max(1, int(max_concurrent)))
 
 
 def points_space(points: list[dict[str, Any]]) -> dict[str, Any]:

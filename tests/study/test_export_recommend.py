@@ -120,3 +120,14 @@ def test_export_refuses_an_unknown_trial(tiny_study, tmp_path) -> None:
     results, env = tiny_study
     done = run(["study.export", str(results), "--trial", "nope", str(tmp_path / "model")], env)
     assert done.returncode == 2 and done.stderr.startswith("error:") and "no trial nope" in done.stderr
+
+
+def test_export_cli_names_the_trial_it_exported(tiny_study, tmp_path) -> None:
+    results, env = tiny_study
+    trials = pd.read_parquet(results / "trials.parquet")
+    best = trials.sort_values("valid_ndcg@10", ascending=False).iloc[0]
+    done = run(["study.export", str(results), "--best", str(tmp_path / "model")], env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == (f"exported trial {best['trial_id']} of study tiny-ml100k (the best on "
+                                   f"valid_ndcg@10): valid_ndcg@10 {best['valid_ndcg@10']:.4f} at epoch "
+                                   f"{best['best_epoch']}, to {tmp_path / 'model'}")
