@@ -143,13 +143,19 @@ def _check_resume(study: Study, out: Path, resume: bool) -> None:
             raise UserError(f"nothing to resume in {out}: no Ray Tune experiment state there; run without --resume")
         stored = yaml.safe_load((out / STUDY_FILE).read_text()) if (out / STUDY_FILE).exists() else {}
         current = study.to_dict()
+        more = budget_grows(stored.get("budget"), current.get("budget"))
+        # the sampler's defaults follow the number of samples, but a resumed study keeps the sampler it had
         changed = sorted(k for k in set(stored) | set(current) if k != "storage" and stored.get(k) != current.get(k)
-                         and not (k == "budget" and budget_grows(stored.get(k), current.get(k))))
+                         and not (more and k in ("budget", "searcher")))
         if changed:
             raise UserError(f"{out / STUDY_FILE} differs from this study in: {', '.join(changed)}; --resume continues "
                             "the same study (start a new one under another name or storage), and may only give it "
                             "more time or samples (budget.time_budget_s, budget.num_samples)")
         check_work_left(study, out)
+        if stored.get("budget") != current.get("budget"):
+            atomic_write_text(out / STUDY_FILE, f"# resolved from {study.source}\n# resumed with budget "
+                              f"{current['budget']}\n" + yaml.safe_dump({**stored, "budget": current["budget"]},
+                                                                        sort_keys=False))
     elif restorable or (out / RECORDS_DIR).exists():
         raise UserError(f"{out} already holds study '{study.name}'; pass --resume to continue it, or choose another "
                         "name or storage to start a new one")
@@ -249,7 +255,8 @@ def _drive(study: Study, out: Path, mirror: Mirror, base_data: TrialData, train_
     from ray.tune.schedulers import FIFOScheduler
 
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / STUDY_FILE, _study_file_text(study))  # a resume may have raised the budget
+    if not resume:  # (a resume that raises the budget rewrites it in _check_resume)
+        atomic_write_text(out / STUDY_FILE, _study_file_text(study))
     concurrency = _concurrency(study)  # before anything is scheduled: a request no node can meet would hang
     _write_environment(out)
     mirror.push(force=True)  # the study is claimed in storage before its first trial
