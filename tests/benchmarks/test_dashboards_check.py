@@ -2,8 +2,8 @@
 --ray-only`` starts Ray as the study commands do (token authentication, the dashboard on 127.0.0.1), opens the
 printed link in a fresh headless Chromium and finds the dashboard past its token dialog.
 
-Marked ``browser``: skipped where no chromium is on PATH (``apt-get install chromium``), deselected with
-``-m "not browser"``.
+Marked ``browser``: not part of the default run (``python -m pytest -m browser`` runs it), and skipped where no
+chromium is on PATH (``apt-get install chromium``).
 """
 
 from __future__ import annotations
