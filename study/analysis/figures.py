@@ -21,6 +21,8 @@ from study.analysis.tables import SIGNIFICANT_DIGITS, ParetoResult, pair_column,
 
 MAX_FACET_KEYS = 6  # hyperparameter columns per figure; more keys continue in a further figure
 LEGEND_ROWS = 18  # entries per legend column beside a front plot; more entries continue in a further column
+RING_PT = 7  # radius, in points, of the ring around a point on the front (and the space its name keeps from it)
+NEAR_OFFSETS = 4  # the first offsets of a name sit by its point; further ones get a line to it
 MAX_TICKED_VALUES = 6  # a listed key (a grid, a choice) with at most this many values is ticked at each value
 MAX_ROUND_TICKS = 5  # round ticks on any other numeric axis: labelling every sampled value smears them together
 TICK_SIZE = 8  # points: the facets are small
@@ -92,24 +94,44 @@ def plot_pairs(result: ParetoResult, objectives: dict[str, str], out: Path) -> l
 
 
 def _name_points(ax: Any, xs: Any, ys: Any, names: Any, size: float = 8) -> None:
-    """Each point's name beside it, at the first of a few offsets where it overprints no name placed before
-    (the text's extent estimated from its length); where every offset is taken, at the first."""
+    """Each point's name near it, inside the axes, printing over no other name and no named point's ring.
+
+    Offsets are tried nearest first (:func:`_label_offsets`); a name moved away from its point gets a thin line to
+    it. Where no offset is free, the name goes beside its point all the same. Extents are estimated in points
+    from the text's length, which is close enough to keep names apart.
+    """
     ax.get_xlim()  # settles the data limits, so that the transform below is the final one
     scale = ax.figure.dpi / 72  # display pixels per point
-    placed: list[tuple[float, float, float, float]] = []
-    for x, y, name in zip(xs, ys, names):
-        px, py = ax.transData.transform((x, y)) / scale
+    frame = ax.get_window_extent()
+    inside = (frame.x0 / scale, frame.y0 / scale, frame.x1 / scale, frame.y1 / scale)
+    anchors = [ax.transData.transform((x, y)) / scale for x, y in zip(xs, ys)]
+    taken = [(px - RING_PT, py - RING_PT, px + RING_PT, py + RING_PT) for px, py in anchors]
+
+    def free(box: tuple[float, float, float, float]) -> bool:
+        within = inside[0] <= box[0] and box[2] <= inside[2] and inside[1] <= box[1] and box[3] <= inside[3]
+        return within and not any(box[0] < o[2] and o[0] < box[2] and box[1] < o[3] and o[1] < box[3] for o in taken)
+
+    for (px, py), x, y, name in zip(anchors, xs, ys, names):
         width, height = 0.6 * size * len(name), 1.2 * size
-        candidates = [(6, 6), (6, -6 - height), (-6 - width, 6), (-6 - width, -6 - height), (6, 6 + height),
-                      (6, -6 - 2 * height)]
-        for dx, dy in candidates:
-            box = (px + dx, py + dy, px + dx + width, py + dy + height)
-            if not any(box[0] < o[2] and o[0] < box[2] and box[1] < o[3] and o[1] < box[3] for o in placed):
-                break
-        else:
-            (dx, dy), box = candidates[0], (px + 6, py + 6, px + 6 + width, py + 6 + height)
-        placed.append(box)
-        ax.annotate(name, (x, y), textcoords="offset points", xytext=(dx, dy), fontsize=size, zorder=6)
+        offsets = _label_offsets(width, height)
+        boxes = [(px + dx, py + dy, px + dx + width, py + dy + height) for dx, dy in offsets]
+        number = next((i for i, box in enumerate(boxes) if free(box)), 0)
+        taken.append(boxes[number])
+        leader = {"arrowprops": {"arrowstyle": "-", "lw": 0.5, "color": "0.45"}} if number >= NEAR_OFFSETS else {}
+        ax.annotate(name, (x, y), textcoords="offset points", xytext=offsets[number], fontsize=size, zorder=6,
+                    **leader)
+
+
+def _label_offsets(width: float, height: float) -> list[tuple[float, float]]:
+    """Where a name of ``width`` × ``height`` points may go, nearest first: the four corners beside its point's
+    ring (:data:`NEAR_OFFSETS`), then further up and down on either side."""
+    gap = RING_PT
+    right, left, above, below = gap, -gap - width, gap * 0.5, -gap * 0.5 - height
+    offsets = [(right, above), (right, below), (left, above), (left, below)]
+    for step in range(1, 6):
+        shift = step * (height + 2)
+        offsets += [(right, above + shift), (right, below - shift), (left, above + shift), (left, below - shift)]
+    return offsets
 
 
 def _front(group: pd.DataFrame, a: str, b: str, objectives: dict[str, str]) -> pd.DataFrame:

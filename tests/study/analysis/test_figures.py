@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.text import Text
 
 from study.analysis import figures
 from study.analysis.runs import short_labels
@@ -114,3 +115,6 @@ def test_a_front_plot_of_thirty_studies_keeps_its_legend_beside_the_axes(tmp_pat
     assert not box.overlaps(title)
     figure_box = fig.bbox
     assert box.y0 >= figure_box.y0 - 1 and box.y1 <= figure_box.y1 + 1  # the figure is tall enough to hold it
+    names = [Text.get_window_extent(text, renderer) for text in ax.texts]  # the text alone, not its leader line
+    assert not any(one.overlaps(other) for i, one in enumerate(names) for other in names[i + 1:])
+    assert all(frame.x0 <= name.x0 and name.x1 <= frame.x1 for name in names)  # front names stay inside the axes
