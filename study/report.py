@@ -1,17 +1,24 @@
 """``python -m study.report RESULTS_DIR [RESULTS_DIR ...]``: the report of one or several studies.
 
-The analysis and the document are :mod:`study.analysis.document`; this module is its command line.
+The analysis and the document are :mod:`study.analysis.document`; this module is its command line. It checks its
+arguments and folders before it imports the analysis: pandas, torch and matplotlib take seconds to load (tens on a
+busy machine), and a mistyped folder is refused at once instead (:func:`study.analysis.runs.check_folder`).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from study.analysis import pareto
-from study.analysis.document import DEFAULT_REFERENCE_MODEL, ReportOptions, build_report
-from study.analysis.tables import TABLE_METRICS
+from study.analysis.console import table_width, text_table
+from study.analysis.options import DEFAULT_REFERENCE_MODEL, TABLE_METRICS, ReportOptions
+from study.analysis.progress import StudyRunning, describe
+from study.analysis.runs import check_folder, short_labels
 from study.errors import UserError, print_error
+from study.search.console import WIDTH, fit
+from study.storage import is_uri
 
 
 def parse_hv_reference(text: str | None) -> dict[str, float] | None:
@@ -61,32 +68,71 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def options_from(args: argparse.Namespace) -> ReportOptions:
+    """The report's options from the parsed command line; a bad value is a UserError."""
+    if not 0 < args.alpha < 1:
+        raise UserError(f"--alpha must lie in (0, 1), got {args.alpha}")
+    if args.margin < 0:
+        raise UserError(f"--margin must be >= 0, got {args.margin}")
+    metrics = tuple(m.strip() for m in args.metrics.split(",") if m.strip())
+    if not metrics:
+        raise UserError("--metrics is empty")
+    other = [m for m in metrics if not m.startswith(("test_", "valid_"))]
+    if other:
+        raise UserError(f"--metrics {other[0]}: the results table holds accuracy metrics (test_… or valid_…); "
+                        "efficiency figures are in the chosen-configurations and Pareto tables")
+    return ReportOptions(objectives=pareto.parse_objectives(args.objectives), reference_model=args.reference,
+                         proposed=args.proposed, select_metric=args.select_metric, metrics=metrics,
+                         hv_reference=parse_hv_reference(args.hv_reference), margin=args.margin,
+                         alpha=args.alpha, allow_mixed_protocols=args.allow_mixed_protocols,
+                         plots=not args.no_plots)
+
+
+def results_rows(outcome: dict[str, Any]) -> tuple[list[dict[str, str]], str]:
+    """The results table as console rows, and its caption. Cells are the report's, without bold marks; a table
+    wider than 120 columns first names its models by their short labels and writes mean±std without spaces
+    (:func:`~study.analysis.console.text_table` then cuts names, then leaves columns off)."""
+    rows = [{c: str(v).replace("**", "") for c, v in row.items()}
+            for row in outcome["tables"]["results_formatted"].to_dict("records")]
+    caption = "results (mean ± std over n seeds; every column in results.csv)"
+    for row in rows:
+        if row["model"].startswith("Improv. ("):  # its comparison moves to the caption: the name column stays narrow
+            caption = caption[:-1] + f"; Improv.: {row['model'][len('Improv. ('):-1]})"
+            row["model"] = "Improv."
+    if table_width(rows) > WIDTH:
+        short = short_labels(s.label for s in outcome["studies"])
+        rows = [{c: short.get(v, v) if c == "model" else v.replace(" ± ", "±") for c, v in row.items()}
+                for row in rows]
+    return rows, caption + ":"
+
+
+def summary_lines(outcome: dict[str, Any]) -> list[str]:
+    """What the console shows of a written report: the results table and the trials of studies still running,
+    each within 120 columns; then where the files are."""
+    out = outcome["out"]
+    rows, caption = results_rows(outcome)
+    lines = [fit(caption), *text_table(rows, shrink="model")]
+    lines += [fit(f"still running: {s.name}: {len(s.unfinished)} trial(s) not finished ({describe(s.unfinished)}); "
+                  "this report covers the finished ones") for s in outcome["studies"] if s.unfinished]
+    return [*lines, f"report: {out / 'report.md'}", f"        {out / 'report.html'}", f"tables and plots: {out}"]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Write the report of the given studies; 0, or 2 with one line on stderr for bad input."""
     args = build_parser().parse_args(argv)
     try:
-        if not 0 < args.alpha < 1:
-            raise UserError(f"--alpha must lie in (0, 1), got {args.alpha}")
-        if args.margin < 0:
-            raise UserError(f"--margin must be >= 0, got {args.margin}")
-        metrics = tuple(m.strip() for m in args.metrics.split(",") if m.strip())
-        if not metrics:
-            raise UserError("--metrics is empty")
-        other = [m for m in metrics if not m.startswith(("test_", "valid_"))]
-        if other:
-            raise UserError(f"--metrics {other[0]}: the results table holds accuracy metrics (test_… or valid_…); "
-                            "efficiency figures are in the chosen-configurations and Pareto tables")
-        options = ReportOptions(objectives=pareto.parse_objectives(args.objectives), reference_model=args.reference,
-                                proposed=args.proposed, select_metric=args.select_metric, metrics=metrics,
-                                hv_reference=parse_hv_reference(args.hv_reference), margin=args.margin,
-                                alpha=args.alpha, allow_mixed_protocols=args.allow_mixed_protocols,
-                                plots=not args.no_plots)
+        options = options_from(args)
+        for folder in args.studies:
+            if not is_uri(folder):  # a URI is fetched first, by the analysis
+                check_folder(folder)
+        from study.analysis.document import build_report  # pandas, torch, matplotlib: only for a report to write
+
         outcome = build_report(args.studies, args.out, options)
     except UserError as error:
+        if isinstance(error, StudyRunning):  # which trials run, and how far they got
+            print("\n".join(error.table), file=sys.stderr)
         return print_error(error)
-    out = outcome["out"]
-    print(f"report: {out / 'report.md'}\n        {out / 'report.html'}")
-    print(f"tables and plots: {out}")
+    print("\n".join(summary_lines(outcome)))
     return 0
 
 

@@ -40,8 +40,10 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from study.analysis import pareto, significance
+from study.analysis import significance
 from study.analysis.figures import plot_hyperparameters, plot_pairs, safe_name
+from study.analysis.options import DEFAULT_REFERENCE_MODEL, ReportOptions
+from study.analysis.progress import describe
 from study.analysis.render import Document
 from study.analysis.runs import (
     STUDY_FILE,
@@ -57,7 +59,6 @@ from study.analysis.runs import (
     selection_metric,
 )
 from study.analysis.tables import (
-    TABLE_METRICS,
     ParetoResult,
     aggregate,
     analyse_pareto,
@@ -74,6 +75,7 @@ from study.analysis.tables import (
     pareto_pairs_table,
     plain_value,
     results_table,
+    resumed_notes,
     short,
     significance_table,
     study_table,
@@ -84,23 +86,6 @@ from study.storage import local_copy
 from study.train.results import EFFICIENCY_METRICS
 
 REPORT_DIR = "report"
-DEFAULT_REFERENCE_MODEL = "sasrec"
-
-
-@dataclass
-class ReportOptions:
-    """What the command line chooses: objectives, models compared, table metrics, hypervolume reference, plots."""
-
-    objectives: dict[str, str] = field(default_factory=lambda: dict(pareto.DEFAULT_OBJECTIVES))
-    reference_model: str | None = None  # None: sasrec when present
-    proposed: str | None = None
-    select_metric: str | None = None
-    metrics: tuple[str, ...] = TABLE_METRICS
-    hv_reference: dict[str, float] | None = None
-    margin: float = pareto.REFERENCE_MARGIN
-    alpha: float = 0.05
-    allow_mixed_protocols: bool = False
-    plots: bool = True
 
 
 @dataclass
@@ -230,7 +215,7 @@ def build_report(paths: list[str | Path], out: str | Path | None = None,
     (out_dir / "report.html").write_text(doc.html(context.title))
     return {"out": out_dir, "tables": context.tables,
             "figures": [p for p, _ in context.figures + context.hparam_figures],
-            "reference": context.reference, "select_metric": context.select}
+            "reference": context.reference, "select_metric": context.select, "studies": context.studies}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -248,6 +233,12 @@ def introduction(doc: Document, ctx: ReportContext) -> None:
     if ctx.efficiency_notes:
         doc.warning("EFFICIENCY FIGURES DIFFER IN HOW THEY WERE MEASURED: " + "; ".join(ctx.efficiency_notes) + ". "
                     "Memory and latency compare only between runs measured the same way; read the fronts with care.")
+    running = [s for s in ctx.studies if s.unfinished]
+    if running:
+        doc.warning("STILL RUNNING: " + "; ".join(f"{s.name} has {len(s.unfinished)} trial(s) without a record yet "
+                                                  f"({describe(s.unfinished)})" for s in running)
+                    + ". They are still running, or were stopped with their sweep (--resume continues them); this "
+                    "report covers the trials that had finished when it was written.")
     doc.para(f"Configurations are selected on validation (`{ctx.select}`); every test figure is that of the trial's "
              "best-validation epoch and is reported, never used for selection. A configuration's value is its mean "
              "over seeds: over its replicates when it has any (python -m study.replicate), else over its sweep trials.")
@@ -290,6 +281,11 @@ def environment(doc: Document, ctx: ReportContext) -> None:
     doc.heading(2, "Environment")
     table = ctx.tables["environment"]
     doc.table(formatted(table))
+    doc.para("`started`: when the study's first session began, i.e. when it ran; `sessions`: 1, or more where "
+             "`--resume` continued it.")
+    resumed = resumed_notes(ctx.studies)
+    if resumed:
+        doc.bullets(resumed)
     accelerators = set(table["accelerator"].astype(str))
     doc.para("Efficiency figures (memory, latency, throughput) were measured on "
              + (" and ".join(sorted(accelerators)) if accelerators else "an unknown device")
@@ -304,7 +300,8 @@ def results(doc: Document, ctx: ReportContext) -> None:
     if ctx.table_notes:
         doc.bullets(ctx.table_notes)
     selected = ctx.tables["selected"]
-    doc.para("Chosen configurations:")
+    doc.para("Chosen configurations (a setting a study fixed rather than searched shows the value it ran with; "
+             "– : the model has no such setting):")
     shown = ["label", "name", "config_id", "source", "n_seeds", "seeds", ctx.select, *EFFICIENCY_METRICS[:3]]
     keys = ctx.configuration_keys
     doc.table(formatted(selected[[c for c in shown + keys if c in selected]], plain=keys))

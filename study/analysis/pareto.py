@@ -20,11 +20,14 @@ always reads: a is no worse on every objective and strictly better on at least o
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from study.errors import UserError
+
+if TYPE_CHECKING:  # only annotations: the command line reads the defaults below before pandas loads
+    import pandas as pd
 
 SENSES = ("max", "min")
 DEFAULT_OBJECTIVES = {"valid_ndcg@10": "max", "peak_mem_mb": "min", "infer_ms_p50": "min"}

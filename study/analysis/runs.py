@@ -20,6 +20,9 @@ Besides the names, this module reads a folder back (:func:`load_results` → :cl
 successful runs of several studies (:func:`collect_runs`, one ``config_id`` per configuration: its settings without
 the seed) and checks what the report and ``study.replicate`` may select on (:func:`check_metrics`,
 :func:`check_objectives`, :func:`selection_metric`).
+
+Importing this module loads no pandas or torch (each function imports what it needs): :func:`check_folder` lets
+``python -m study.report`` refuse a folder that is no study's within a fraction of a second.
 """
 
 from __future__ import annotations
@@ -27,16 +30,20 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import yaml
 
 from study.errors import UserError
-from study.train.results import EFFICIENCY_METRICS
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from study.analysis.progress import Unfinished
 
 STUDY_FILE = "study.yaml"
 ENVIRONMENT_FILE = "environment.json"
@@ -79,6 +86,7 @@ class StudyResults:
     environment: dict[str, Any]
     label: str = ""
     replicate_environments: dict[str, dict[str, Any]] = field(default_factory=dict)  # batch name → environment
+    unfinished: list[Unfinished] = field(default_factory=list)  # trials with epochs but no record yet
 
     @property
     def searched(self) -> list[str]:
@@ -91,23 +99,49 @@ class StudyResults:
 
 
 def _read_parquet(path: Path) -> pd.DataFrame:
+    import pandas as pd
+
     try:
         return pd.read_parquet(path)
     except Exception as error:  # pyarrow raises several types for a truncated or foreign file
         raise UserError(f"{path}: cannot read it as Parquet ({type(error).__name__}: {error})") from None
 
 
-def load_results(path: str | Path) -> StudyResults:
-    """Read a study folder written by ``python -m study.sweep``; a folder that is not one is a UserError."""
+def check_folder(path: str | Path) -> Path:
+    """``path`` if it holds a study's trials table, else a UserError that says what it is instead.
+
+    Only the folder's listing is read, so a wrong path is refused before anything heavy loads. A folder without
+    ``trials.parquet`` whose ``trials/`` holds files is a sweep none of whose trials has finished yet: its error
+    (:func:`study.analysis.progress.still_running`) says which trials run and how far they got.
+    """
     path = Path(path)
     if not path.exists():
         raise UserError(f"{path}: no such results folder")
     if not path.is_dir():
         raise UserError(f"{path}: not a folder; give a study's results folder, e.g. results/<study>")
+    if (path / TRIALS_FILE).is_file():
+        return path
+    records = path / RECORDS_DIR
+    if records.is_dir() and any(records.iterdir()):
+        from study.analysis.progress import still_running
+
+        raise still_running(path)
+    what = "empty folder" if not any(path.iterdir()) else f"no {TRIALS_FILE} here"
+    raise UserError(f"{path}: {what}; not a study's results folder (run python -m study.sweep first)")
+
+
+def load_results(path: str | Path) -> StudyResults:
+    """Read a study folder written by ``python -m study.sweep``; a folder that is not one is a UserError.
+
+    A sweep still running is read as far as it got: its finished trials, and in ``unfinished`` the trials that have
+    epochs but no record yet.
+    """
+    import pandas as pd
+
+    from study.analysis.progress import unfinished_trials
+
+    path = check_folder(path)
     trials_path = path / TRIALS_FILE
-    if not trials_path.is_file():
-        what = "empty folder" if not any(path.iterdir()) else f"no {TRIALS_FILE} here"
-        raise UserError(f"{path}: {what}; not a study's results folder (run python -m study.sweep first)")
     trials = _read_parquet(trials_path)
     if trials.empty:
         raise UserError(f"{trials_path}: no trials recorded yet")
@@ -142,7 +176,8 @@ def load_results(path: str | Path) -> StudyResults:
     models = trials.loc[ok, "model"].astype(str).unique()
     name = str(study.get("name") or (trials["study"].iloc[0] if "study" in trials else path.name))
     return StudyResults(path=path, name=name, model=",".join(models), trials=trials, replicates=replicates,
-                        study=study, environment=environment, replicate_environments=replicate_environments)
+                        study=study, environment=environment, replicate_environments=replicate_environments,
+                        unfinished=unfinished_trials(path))
 
 
 def assign_labels(studies: list[StudyResults]) -> None:
@@ -155,6 +190,31 @@ def assign_labels(studies: list[StudyResults]) -> None:
         raise UserError(f"the same study is given twice ({', '.join(names)})")
     for s in studies:
         s.label = s.model if counts[s.model] == 1 else f"{s.model}@{s.name}"
+
+
+def short_labels(labels: Iterable[str]) -> dict[str, str]:
+    """Each label as a plot shows it: a ``model@study`` label without what its study's name repeats.
+
+    The ``@`` labels' common study-name prefix (up to its last ``-`` or ``_``) goes, and so does ``model@`` where
+    the rest begins with the model's name: beside other ``repro-ml100k-`` studies ``bert4rec@repro-ml100k-bert4rec``
+    is ``bert4rec`` and ``lisa@repro-ml100k-lisa-base`` is ``lisa-base``, while ``sasrec@repro-ml100k-baseline``
+    is ``sasrec@baseline``. A label without ``@`` stays, and a shortening that would make two labels read the same
+    is not made (those keep their full labels).
+    """
+    labels = list(dict.fromkeys(labels))
+    pairs = {label: label.split("@", 1) for label in labels if "@" in label}
+    studies = [study for _, study in pairs.values()]
+    common = os.path.commonprefix(studies) if len(studies) > 1 else ""
+    prefix = common[:max(common.rfind("-"), common.rfind("_")) + 1]
+    short = {label: label for label in labels}
+    for label, (model, study) in pairs.items():
+        rest = study[len(prefix):]
+        if rest:
+            short[label] = rest if rest == model or rest.startswith((f"{model}-", f"{model}_")) else f"{model}@{rest}"
+    counts: dict[str, int] = {}
+    for name in short.values():
+        counts[name] = counts.get(name, 0) + 1
+    return {label: name if counts[name] == 1 else label for label, name in short.items()}
 
 
 def parse_config(value: Any) -> dict[str, Any]:
@@ -183,6 +243,8 @@ def collect_runs(studies: list[StudyResults]) -> pd.DataFrame:
     sweep trials. A sweep trial may have been stopped early by ASHA or the study's time budget; replicates run
     their full budget, so mixing the two would compare unequal training.
     """
+    import pandas as pd
+
     frames = []
     for s in studies:
         sweep = s.trials[s.trials["status"] == "ok"].copy()
@@ -205,6 +267,10 @@ def collect_runs(studies: list[StudyResults]) -> pd.DataFrame:
 
 def check_metrics(runs: pd.DataFrame, metrics: Iterable[str], what: str) -> None:
     """Every metric must be a column with values in every study; otherwise one clear error."""
+    import pandas as pd
+
+    from study.train.results import EFFICIENCY_METRICS
+
     for metric in metrics:
         if metric not in runs:
             known = sorted(c for c in runs.columns if c.startswith(("valid_", "test_")) or c in EFFICIENCY_METRICS)
@@ -235,6 +301,8 @@ def check_protocols(runs: pd.DataFrame, allow_mixed: bool) -> list[str]:
 
 def efficiency_differences(runs: pd.DataFrame, objectives: dict[str, str]) -> list[str]:
     """Efficiency objectives measured on different devices or by different methods do not compare."""
+    from study.train.results import EFFICIENCY_METRICS
+
     notes = []
     checks = [("device", any(m in EFFICIENCY_METRICS for m in objectives))]
     checks.append(("peak_mem_method", "peak_mem_mb" in objectives))

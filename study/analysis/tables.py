@@ -31,7 +31,8 @@ SIGNIFICANT_DIGITS = 4
 # Settings shown beside every configuration even when the study fixed them: they change what a metric means
 # (max_len: how much history the model sees), and studies compared in one report may differ in them.
 CONFIGURATION_COLUMNS = ("max_len",)
-TABLE_METRICS = tuple(f"test_{name}@{k}" for k in (10, 20) for name in ("hr", "ndcg", "mrr"))
+# Marks a mean, or an improvement resting on one, measured on fewer seeds than a test needs (see results_table).
+UNTESTED_MARK = "†"
 
 
 def metric_columns(runs: pd.DataFrame) -> list[str]:
@@ -42,9 +43,15 @@ def metric_columns(runs: pd.DataFrame) -> list[str]:
 
 
 def aggregate(runs: pd.DataFrame, searched: dict[str, list[str]]) -> pd.DataFrame:
-    """One row per (label, configuration): mean of every metric over its measured runs, ``<metric>_std``, n."""
+    """One row per (label, configuration): mean of every metric over its measured runs, ``<metric>_std``, n.
+
+    Each row carries every study's shown keys (:func:`configuration_keys`), not only its own searched ones: a key
+    another study searched and this one fixed (in its study file, or by the model's default) holds the value it
+    ran with, from its ``config.<key>`` column; only a key its model lacks stays empty.
+    """
     measured = runs[runs["measured"]]
     metrics = metric_columns(measured)
+    shown = configuration_keys([key for keys in searched.values() for key in keys])
     rows = []
     for (label, cid), group in measured.groupby(["label", "config_id"], sort=False):
         per_seed = group.groupby("seed")[metrics].mean()  # a seed run twice counts once
@@ -53,7 +60,7 @@ def aggregate(runs: pd.DataFrame, searched: dict[str, list[str]]) -> pd.DataFram
                                "n_seeds": len(per_seed), "seeds": ",".join(str(int(s)) for s in sorted(per_seed.index)),
                                "trial_ids": ",".join(group["trial_id"].astype(str)),
                                "source_trial_id": str(group["source_trial_id"].iloc[0])}
-        for key in configuration_keys(searched.get(label, [])):
+        for key in shown:
             column = f"config.{key}"
             if column in group or key in searched.get(label, []):
                 row[key] = group[column].iloc[0] if column in group else None
@@ -62,7 +69,6 @@ def aggregate(runs: pd.DataFrame, searched: dict[str, list[str]]) -> pd.DataFram
             row[f"{metric}_std"] = per_seed[metric].std(ddof=1) if len(per_seed) > 1 else float("nan")
         rows.append(row)
     return pd.DataFrame(rows)
-
 
 
 def configuration_keys(searched: list[str]) -> list[str]:
@@ -213,25 +219,63 @@ def dataset_statistics(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def environment_table(studies: list[StudyResults], runs: pd.DataFrame) -> pd.DataFrame:
-    rows = []
+def _environments(studies: list[StudyResults]) -> list[tuple[str, str, dict[str, Any]]]:
+    """(study, which runs, environment) of every sweep and replicate batch."""
     sessions = [(s.name, "sweep", s.environment) for s in studies]
-    sessions += [(s.name, f"replicates {batch}", env)
-                 for s in studies for batch, env in s.replicate_environments.items()]
-    for name, part, env in sessions:
+    return sessions + [(s.name, f"replicates {batch}", env)
+                       for s in studies for batch, env in s.replicate_environments.items()]
+
+
+def sessions_of(env: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every session that ran part of a study, first to last: each ``--resume`` collects the environment anew and
+    keeps the earlier ones under ``previous_sessions``."""
+    earlier = env.get("previous_sessions") or []
+    return [*(e for e in earlier if isinstance(e, dict)), {k: v for k, v in env.items() if k != "previous_sessions"}]
+
+
+def _machine(env: dict[str, Any]) -> str:
+    hardware = env.get("hardware", {})
+    gpus = ", ".join(g.get("name", "?") for g in hardware.get("gpus", []) or [])
+    return f"{hardware.get('accelerator', 'unknown')} ({gpus or hardware.get('cpu_model') or '?'})"
+
+
+def environment_table(studies: list[StudyResults], runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per sweep and replicate batch: the machine and versions of its last session, when its first session
+    started (when it ran: a ``--resume`` records its own time, see :func:`sessions_of`) and how many there were."""
+    rows = []
+    for name, part, env in _environments(studies):
         hardware = env.get("hardware", {})
         packages = env.get("packages", {})
         gpus = ", ".join(g.get("name", "?") for g in hardware.get("gpus", []) or [])
         devices = ", ".join(sorted(set(runs.loc[runs["study"] == name, "device"].dropna().astype(str)))) \
             if "device" in runs else ""
         code = env.get("code", {})
+        sessions = sessions_of(env)
         rows.append({"study": name, "runs": part, "accelerator": hardware.get("accelerator", "unknown"),
                      "devices": devices, "cpu": hardware.get("cpu_model"), "cpus": hardware.get("cpus_usable"),
                      "memory_gib": hardware.get("memory_gib"), "gpus": gpus or "none",
                      "torch": packages.get("torch"), "ray": packages.get("ray"), "optuna": packages.get("optuna"),
                      "commit": (str(code.get("commit") or "")[:10] + ("+dirty" if code.get("dirty") else "")) or None,
-                     "recorded": env.get("recorded")})
+                     "started": sessions[0].get("recorded"), "sessions": len(sessions)})
     return pd.DataFrame(rows)
+
+
+def resumed_notes(studies: list[StudyResults]) -> list[str]:
+    """A line per sweep or replicate batch that ran in several sessions: when each started, and whether the
+    sessions ran on different machines (the environment table shows the last one's)."""
+    notes = []
+    for name, part, env in _environments(studies):
+        sessions = sessions_of(env)
+        if len(sessions) < 2:
+            continue
+        times = [str(s.get("recorded") or "?") for s in sessions]
+        note = (f"`{name}` ({part}) ran in {len(sessions)} sessions: started {times[0]}, resumed "
+                f"{', '.join(times[1:])}; its row shows the last session's machine")
+        machines = list(dict.fromkeys(_machine(s) for s in sessions))
+        if len(machines) > 1:
+            note += f" (the sessions ran on {'; '.join(machines)})"
+        notes.append(note + ".")
+    return notes
 
 
 def study_table(studies: list[StudyResults]) -> pd.DataFrame:
@@ -243,6 +287,7 @@ def study_table(studies: list[StudyResults]) -> pd.DataFrame:
         rows.append({"study": s.name, "model": s.model, "label": s.label, "folder": str(s.path),
                      "trials": len(trials), "ok": int((trials["status"] == "ok").sum()),
                      "failed": int((trials["status"] != "ok").sum()), "stopped_early": int((stop == "stopped").sum()),
+                     "unfinished": len(s.unfinished),
                      "replicates": len(reps), "replicates_ok": int((reps["status"] == "ok").sum()) if not reps.empty
                      else 0, "searched": ", ".join(s.searched)})
     return pd.DataFrame(rows)
@@ -287,58 +332,68 @@ def fmt_metric(value: float) -> str:
 
 def results_table(chosen: pd.DataFrame, metrics: list[str], sig: pd.DataFrame, reference: str | None,
                   proposed: str | None) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
-    """The paper table (strings) and its numbers; best mean in bold, ``*`` = significant vs the reference."""
-    numbers = []
-    for _, row in chosen.iterrows():
-        for metric in metrics:
-            numbers.append({"label": row["label"], "config": row["name"], "metric": metric, "mean": row[metric],
-                            "std": row.get(f"{metric}_std"), "n_seeds": row["n_seeds"]})
-    numbers = pd.DataFrame(numbers)
-    marks = {}
-    if not sig.empty:
-        for _, s in sig.iterrows():
-            if is_set(s["significant"]):
-                marks[(s["candidate"], s["metric"])] = "*"
+    """The paper table (strings) and its numbers; best mean in bold, ``*`` = significant vs the reference.
+
+    A row measured on fewer than :data:`~study.analysis.significance.MIN_SEEDS` seeds has no spread and no test, so
+    the table says so itself (:data:`UNTESTED_MARK` on its n, on an improvement that rests on it, and a note)
+    instead of dressing a single run as a result: its best mean is not bold.
+    """
+    numbers = pd.DataFrame([{"label": row["label"], "config": row["name"], "metric": metric, "mean": row[metric],
+                             "std": row.get(f"{metric}_std"), "n_seeds": row["n_seeds"]}
+                            for _, row in chosen.iterrows() for metric in metrics])
+    marks = {(s["candidate"], s["metric"]): "*" for _, s in sig.iterrows() if is_set(s["significant"])} \
+        if not sig.empty else {}
+    untested = chosen["n_seeds"] < significance.MIN_SEEDS
     table = []
-    for _, row in chosen.iterrows():
-        cells: dict[str, str] = {"model": row["label"], "n": str(row["n_seeds"])}
+    for (_, row), single in zip(chosen.iterrows(), untested):
+        cells: dict[str, str] = {"model": row["label"], "n": f"{row['n_seeds']}{UNTESTED_MARK if single else ''}"}
         for metric in metrics:
-            best = chosen[metric].max()
             mean, std = row[metric], row.get(f"{metric}_std")
             text = fmt_metric(mean)
-            if not pd.isna(mean) and mean == best:
+            if not pd.isna(mean) and mean == chosen[metric].max() and not single:
                 text = f"**{text}**"
             if std is not None and not pd.isna(std):
                 text += f" ± {fmt_metric(std)}"
-            text += marks.get((row["label"], metric), "")
-            cells[short(metric)] = text
+            cells[short(metric)] = text + marks.get((row["label"], metric), "")
         table.append(cells)
     notes = []
-    improvement: dict[str, str] = {"model": "", "n": ""}
     if len(chosen) > 1:
-        for metric in metrics:
-            ranked = chosen.sort_values(metric, ascending=False)
-            if proposed:
-                mine = chosen[chosen["label"] == proposed]
-                others = chosen[chosen["label"] != proposed]
-                top, base = mine.iloc[0], others.sort_values(metric, ascending=False).iloc[0]
-            else:
-                top, base = ranked.iloc[0], ranked.iloc[1]
-            gain = (top[metric] - base[metric]) / base[metric] if base[metric] else float("nan")
-            sign = "-" if gain < 0 else "+"
-            improvement[short(metric)] = "–" if math.isnan(gain) else f"{sign}{fmt(abs(gain) * 100)}%"
-        if proposed:
-            improvement["model"] = f"Improv. ({proposed} vs best other)"
-            notes.append(f"Improv.: relative difference of {proposed}'s mean from the best other model's mean.")
-        else:
-            improvement["model"] = "Improv. (best vs runner-up)"
-            notes.append("Improv.: relative difference of the best model's mean from the runner-up's, per metric "
-                         "(name the proposed model with --proposed to compare it with the best baseline instead).")
+        improvement, note = _improvement_row(chosen, metrics, proposed)
         table.append(improvement)
+        notes.append(note)
+    if untested.any():
+        notes.append(f"{UNTESTED_MARK} n = {'/'.join(sorted({str(n) for n in chosen.loc[untested, 'n_seeds']}))}: "
+                     f"fewer than {significance.MIN_SEEDS} seeds, so no spread and no test; the best mean of such a "
+                     "row is not bold, and an improvement resting on it may be the noise of one seed (replicate: "
+                     "python -m study.replicate results/<study> --seeds 5 --select top:1).")
     if reference and not sig.empty:
         notes.append(f"* differs from {reference} at Holm-adjusted p < alpha (two-sided t-test over seeds: paired when "
                      "both used the same seeds, Welch otherwise; see the significance table).")
     return pd.DataFrame(table), numbers, notes
+
+
+def _improvement_row(chosen: pd.DataFrame, metrics: list[str], proposed: str | None) -> tuple[dict[str, str], str]:
+    """The ``Improv.`` row (relative difference per metric) and its note; a side of fewer than MIN_SEEDS seeds
+    marks the cell with :data:`UNTESTED_MARK`."""
+    improvement: dict[str, str] = {"model": "", "n": ""}
+    for metric in metrics:
+        if proposed:
+            top = chosen[chosen["label"] == proposed].iloc[0]
+            base = chosen[chosen["label"] != proposed].sort_values(metric, ascending=False).iloc[0]
+        else:
+            ranked = chosen.sort_values(metric, ascending=False)
+            top, base = ranked.iloc[0], ranked.iloc[1]
+        gain = (top[metric] - base[metric]) / base[metric] if base[metric] else float("nan")
+        sign = "-" if gain < 0 else "+"
+        single = min(top["n_seeds"], base["n_seeds"]) < significance.MIN_SEEDS
+        improvement[short(metric)] = "–" if math.isnan(gain) else \
+            f"{sign}{fmt(abs(gain) * 100)}%{UNTESTED_MARK if single else ''}"
+    if proposed:
+        improvement["model"] = f"Improv. ({proposed} vs best other)"
+        return improvement, f"Improv.: relative difference of {proposed}'s mean from the best other model's mean."
+    improvement["model"] = "Improv. (best vs runner-up)"
+    return improvement, ("Improv.: relative difference of the best model's mean from the runner-up's, per metric "
+                         "(name the proposed model with --proposed to compare it with the best baseline instead).")
 
 
 def is_set(value: Any) -> bool:

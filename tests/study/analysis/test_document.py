@@ -7,6 +7,8 @@ dataset hash, as they do once the prepared data no longer depends on ``max_len``
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 from html.parser import HTMLParser
@@ -139,23 +141,35 @@ def test_every_searched_key_is_plotted_on_a_numeric_axis(report: dict[str, Any])
             assert by_key[key].get_xscale() == "linear"
         # numeric: the axis spans the values themselves, not category positions 0 … k-1
         assert by_key["hidden_size"].get_xlim()[1] > 30
-        assert [t.get_text() for t in by_key["hidden_size"].get_xticklabels()] == ["16", "32"]
-        assert [t.get_text() for t in by_key["dropout"].get_xticklabels()] == ["0.1235", "0.2", "0.35", "0.45"]
-        lr_ticks = [t.get_text() for t in by_key["lr"].get_xticklabels()]
-        assert "0.0003162" in lr_ticks and max(len(t) for t in lr_ticks) <= 9
-        assert [t.get_text() for t in by_key["attention"].get_xticklabels()] == ["linear", "softmax"]
+        # listed values (choice) are ticked each; sampled ones (uniform, loguniform) at a few round values
+        assert visible_ticks(by_key["hidden_size"]) == ["16", "32"]
+        assert visible_ticks(by_key["num_heads"]) == ["1", "2"]
+        assert visible_ticks(by_key["dropout"]) == ["0.2", "0.3", "0.4"]
+        assert visible_ticks(by_key["lr"]) == ["0.0001", "0.001", "0.01"]
+        assert visible_ticks(by_key["attention"]) == ["linear", "softmax"]
+
+
+def visible_ticks(ax: Any) -> list[str]:
+    """The labels of an axis's major x ticks inside its limits (a locator also returns ticks just beyond)."""
+    low, high = sorted(ax.get_xlim())
+    return [label.get_text() for label, tick in zip(ax.get_xticklabels(), ax.get_xticks())
+            if low <= tick <= high and label.get_text()]
 
 
 def test_every_drawn_element_of_a_front_plot_is_in_its_legend(report: dict[str, Any]) -> None:
     pair_plots = {stem: info for stem, info in report["figures"].items() if stem.startswith("pareto_")}
     assert len(pair_plots) == 3
+    own_fronts = 0
     for info in pair_plots.values():
         (legend,) = info["legends"]
-        for entry in ("sasrec", "gru4rec", "sasrec's own front", "gru4rec's own front", "Pareto front (all models)",
-                      "on the front (named)"):
-            assert entry in legend
         (ax,) = info["axes"]
+        # a model's own front is drawn (dashed) where it has two points or more; one entry explains them all
+        dashed = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+        own_fronts += len(dashed)
+        expected = {"sasrec", "gru4rec", "Pareto front (all models)", "on the front (named)"}
+        assert set(legend) == expected | ({"a model's own front (dashed, its colour)"} if dashed else set())
         assert ax.yaxis.get_major_formatter()(0.123456789, 0) == "0.1235"
+    assert own_fronts >= 2
 
 
 class _Layout(HTMLParser):
@@ -252,3 +266,106 @@ def test_studies_table_locates_each_results_folder_from_the_report(report: dict[
         folder = studies.loc[name, "folder"]
         assert not Path(folder).is_absolute()  # no one's home directory in a committed report
         assert (report["out"] / folder / "trials.parquet").is_file()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A report of three studies: one fixed a key the others searched, one lacks a key, one was resumed twice and
+# has a trial still running; two share a model, so their labels are model@study
+
+
+def _rewrite(folder: Path, search: dict[str, Any], fixed: dict[str, Any], drop: tuple[str, ...] = ()) -> None:
+    """Set ``fixed`` keys in every trial's config, drop the ``drop`` keys, add the table's other test metrics."""
+    trials = pd.read_parquet(folder / "trials.parquet")
+    configs = [{k: v for k, v in {**json.loads(c), **fixed}.items() if k not in drop} for c in trials["config"]]
+    trials["config"] = [json.dumps(c) for c in configs]
+    for key, value in fixed.items():
+        trials[f"config.{key}"] = value
+    trials = trials.drop(columns=[f"config.{k}" for k in drop])
+    for metric, factor in (("hr@10", 2.0), ("mrr@10", 0.7), ("hr@20", 2.6), ("ndcg@20", 1.2), ("mrr@20", 0.75)):
+        trials[f"test_{metric}"] = trials["test_ndcg@10"] * factor
+    trials.to_parquet(folder / "trials.parquet", index=False)
+    study = yaml.safe_load((folder / "study.yaml").read_text())
+    (folder / "study.yaml").write_text(yaml.safe_dump({**study, "search": search, "fixed": {**study["fixed"],
+                                                                                            **fixed}}))
+
+
+SESSION_TIMES = ("2026-01-02T03:04:05+00:00", "2026-01-02T09:00:00+00:00", "2026-01-03T10:00:00+00:00")
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("mixed")
+    elastic = write_study(root / "repro-lastfm-elastic", "elastic", 50, 0.10)
+    _rewrite(elastic, {k: v for k, v in SEARCH.items() if k != "hidden_size"}, {"hidden_size": 64})
+    gru_a = write_study(root / "repro-lastfm-gru4rec-with-a-long-study-name-for-its-first", "gru4rec", 50,
+                        0.12)
+    _rewrite(gru_a, {k: v for k, v in SEARCH.items() if k != "num_heads"}, {}, drop=("num_heads",))
+    gru_b = write_study(root / "repro-lastfm-gru4rec-with-a-long-study-name-for-its-other", "gru4rec", 50,
+                        0.11)
+    _rewrite(gru_b, {k: v for k, v in SEARCH.items() if k != "num_heads"}, {}, drop=("num_heads",))
+    sessions = [{"recorded": t, "hardware": {"accelerator": a, "cpu_model": "EPYC"}}
+                for t, a in zip(SESSION_TIMES, ("gpu", "gpu", "cpu"))]
+    (elastic / "environment.json").write_text(json.dumps({**sessions[-1], "previous_sessions": sessions[:-1]}))
+    (elastic / "trials").mkdir()
+    (elastic / "trials" / "late_00099.history.jsonl").write_text(
+        json.dumps({"epoch": 7, "best_epoch": 5, "best_valid_ndcg@10": 0.05, "wall_time_s": 90.0}) + "\n")
+    out = root / "report"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SEQREC_DATA", str(root / "cache"))
+        capture = io.StringIO()
+        with contextlib.redirect_stdout(capture):
+            code = report_cli.main([str(elastic), str(gru_a), str(gru_b), "--out", str(out), "--no-plots"])
+    assert code == 0
+    return {"out": out, "markdown": (out / "report.md").read_text(), "console": capture.getvalue()}
+
+
+def _section(markdown: str, heading: str) -> str:
+    return markdown.split(f"## {heading}\n")[1].split("\n## ")[0]
+
+
+def test_a_key_a_study_fixed_shows_its_value_and_a_key_its_model_lacks_a_dash(mixed: dict[str, Any]) -> None:
+    selected = pd.read_parquet(mixed["out"] / "selected.parquet").set_index("label")
+    assert selected.loc["elastic", "hidden_size"] == 64  # fixed in its study file: a value, not "–"
+    assert selected.loc["elastic", "num_heads"] in (1, 2)  # searched by elastic only
+    gru = [label for label in selected.index if label.startswith("gru4rec@")]
+    assert len(gru) == 2 and selected.loc[gru, "num_heads"].isna().all()  # gru4rec has none
+    chosen = _section(mixed["markdown"], "Results").split("Chosen configurations")[1]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in chosen.splitlines()
+            if line.startswith("| ") and not line.startswith("|---")]
+    table = pd.DataFrame(rows[1:], columns=rows[0]).set_index("label")
+    assert table.loc["elastic", "hidden_size"] == "64" and table.loc["elastic", "num_heads"] in ("1", "2")
+    assert (table.loc[gru, "num_heads"] == "–").all() and (table.loc[gru, "hidden_size"] != "–").all()
+
+
+def test_the_environment_gives_when_a_resumed_study_started(mixed: dict[str, Any]) -> None:
+    environment = pd.read_parquet(mixed["out"] / "environment.parquet").set_index("study")
+    assert environment.loc["repro-lastfm-elastic", "started"] == SESSION_TIMES[0]
+    assert environment.loc["repro-lastfm-elastic", "sessions"] == 3
+    assert (environment.drop(index="repro-lastfm-elastic")["sessions"] == 1).all()
+    section = _section(mixed["markdown"], "Environment")
+    assert SESSION_TIMES[0] in section and "recorded" not in section
+    assert (f"`repro-lastfm-elastic` (sweep) ran in 3 sessions: started {SESSION_TIMES[0]}, resumed "
+            f"{SESSION_TIMES[1]}, {SESSION_TIMES[2]}") in section
+    assert "the sessions ran on gpu (EPYC); cpu (EPYC)" in section
+
+
+def test_a_study_still_running_is_reported_as_far_as_it_got(mixed: dict[str, Any]) -> None:
+    markdown = mixed["markdown"]
+    assert "STILL RUNNING: repro-lastfm-elastic has 1 trial(s) without a record yet (late_00099 at epoch 7)" in \
+        markdown
+    assert markdown.index("STILL RUNNING") < markdown.index("## Studies")
+    studies = pd.read_parquet(mixed["out"] / "studies.parquet").set_index("study")
+    assert studies["unfinished"].to_dict() == {name: int(name.endswith("elastic")) for name in studies.index}
+    assert "still running: repro-lastfm-elastic: 1 trial(s) not finished (late_00099 at epoch 7)" in mixed["console"]
+
+
+def test_the_console_tables_fit_120_columns(mixed: dict[str, Any]) -> None:
+    lines = mixed["console"].splitlines()
+    assert lines[0] == "results (mean ± std over n seeds; every column in results.csv; Improv.: best vs runner-up):"
+    table = lines[1:next(i for i, line in enumerate(lines) if i and not line.startswith("  "))]
+    assert len(table) == 5  # header, three models, the improvement: no column left off
+    assert table[0].split() == ["model", "n", "HR@10", "NDCG@10", "MRR@10", "HR@20", "NDCG@20", "MRR@20"]
+    assert all(len(line) <= 120 for line in lines if not line.startswith(("report:", "        ", "tables and")))
+    # long model@study labels lose what their study names repeat
+    assert [line.split()[0] for line in table[1:4]] == ["elastic", "gru4rec@first", "gru4rec@other"]
+    assert table[1].split()[2].count("±") == 1  # mean±std, without the spaces the report has

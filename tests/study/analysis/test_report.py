@@ -294,5 +294,28 @@ def test_results_table_marks_bold_significance_and_improvement() -> None:
     cells = dict(zip(table["model"], table["NDCG@10"]))
     assert cells["elastic"] == "**0.2500** ± 0.0200*"
     assert cells["sasrec"] == "0.2000 ± 0.0100" and cells["gru4rec"] == "0.1000"
+    assert dict(zip(table["model"], table["n"]))["gru4rec"] == "1†"  # one seed: marked, and the notes say why
     assert cells["Improv. (elastic vs best other)"] == "+25.00%"
     assert numbers["mean"].tolist() == [0.20, 0.25, 0.10] and any("Holm" in note for note in notes)
+
+
+def test_a_single_seed_is_no_bold_result_and_its_improvement_carries_a_caveat() -> None:
+    from study.analysis.tables import UNTESTED_MARK, results_table
+
+    chosen = pd.DataFrame([
+        {"label": "sasrec", "name": "sasrec-1", "n_seeds": 3, "test_ndcg@10": 0.20, "test_ndcg@10_std": 0.01},
+        {"label": "elastic", "name": "elastic-1", "n_seeds": 1, "test_ndcg@10": 0.4364, "test_ndcg@10_std": np.nan},
+    ])
+    table, _, notes = results_table(chosen, ["test_ndcg@10"], pd.DataFrame(), "sasrec", proposed=None)
+    cells = table.set_index("model")
+    assert cells.loc["elastic", "NDCG@10"] == "0.4364"  # the best mean, but one run: not bold
+    assert cells.loc["elastic", "n"] == f"1{UNTESTED_MARK}" and cells.loc["sasrec", "n"] == "3"
+    assert cells.loc["Improv. (best vs runner-up)", "NDCG@10"] == f"+118.2%{UNTESTED_MARK}"
+    assert any(note.startswith(f"{UNTESTED_MARK} n = 1: fewer than 2 seeds, so no spread and no test")
+               for note in notes)
+    assert "**" not in "".join(table["NDCG@10"])
+    # with two seeds on each side the same table is bold and plain
+    chosen["n_seeds"] = [3, 2]
+    table, _, notes = results_table(chosen, ["test_ndcg@10"], pd.DataFrame(), "sasrec", proposed=None)
+    assert table["NDCG@10"].tolist() == ["0.2000 ± 0.0100", "**0.4364**", "+118.2%"]
+    assert not any(UNTESTED_MARK in note for note in notes)
