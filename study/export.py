@@ -38,7 +38,7 @@ import yaml
 import models
 from study.analysis.runs import TUNE_DIR, load_results, selection_metric
 from study.errors import UserError, print_error
-from study.search.trial import MODELS_DIR
+from study.layout import MODELS_DIR
 from study.train.state import BEST_INFO_FILE, BEST_WEIGHTS_FILE, load_state
 
 DATA_SIZED = ("num_items", "num_users")  # the trainer sizes these from the dataset; never --set by hand

@@ -90,7 +90,7 @@ def select_configurations(path: str | Path, select: str, objectives: dict[str, s
 def _trial_point(results_path: Path, trials: pd.DataFrame, trial_id: str, searched: list[str]) -> dict[str, Any]:
     """The config Tune gave the source trial (its searched values), from its record, else from its row."""
     from study.analysis.runs import RECORDS_DIR, parse_config
-    from study.search.records import record_path
+    from study.layout import record_path
 
     record = record_path(results_path / RECORDS_DIR, trial_id)
     if record.is_file():

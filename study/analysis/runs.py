@@ -1,22 +1,6 @@
-"""The one contract of a results folder, ``results/<study>/``: what each file is called and holds.
+"""Reading a results folder back: the files are named by :mod:`study.layout`, the one contract of a results folder.
 
-A sweep (:mod:`study.search`) writes these files, ``study.replicate`` adds replicate batches, and the analysis
-(:mod:`study.report`) reads them; every one of them names the files through this module.
-
-    study.yaml          the study as resolved, with every default (``--resume`` and replicates rerun it)
-    environment.json    machine, versions, Ray cluster, git revision
-    optuna.db           the Optuna study (SQLite): optuna-dashboard opens it
-    trials/<id>.json    one durable record per trial, written as soon as the trial ends
-    trials.parquet      one row per trial (schema of :mod:`study.train.results` plus the sweep's columns)
-    trials.csv          the same table as CSV
-    history.parquet     one row per trial and epoch
-    tune/               Ray Tune's own experiment state (``--resume``) and TensorBoard event files
-    clock.json          the seconds of the study's time budget spent so far, over every session
-    sweep.lock          held by the sweep that is writing the folder: host, process id, start time
-    replicates/NNN/     one ``study.replicate`` batch: plan.json, trials/, tables
-    replicates.parquet  every replicate row of every batch (and replicates.csv)
-
-Besides the names, this module reads a folder back (:func:`load_results` → :class:`StudyResults`), gathers the
+This module reads a folder back (:func:`load_results` → :class:`StudyResults`), gathers the
 successful runs of several studies (:func:`collect_runs`, one ``config_id`` per configuration: its settings without
 the seed) and checks what the report and ``study.replicate`` may select on (:func:`check_metrics`,
 :func:`check_objectives`, :func:`selection_metric`).
@@ -39,38 +23,34 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from study.errors import UserError
+from study.layout import (  # noqa: F401 (the names readers look up here too)
+    CLOCK_FILE,
+    ENVIRONMENT_FILE,
+    HISTORY_FILE,
+    LOCK_FILE,
+    OPTUNA_FILE,
+    PLAN_FILE,
+    RECORDS_DIR,
+    REPLICATES_CSV_FILE,
+    REPLICATES_DIR,
+    REPLICATES_FILE,
+    STUDY_FILE,
+    TRIALS_CSV_FILE,
+    TRIALS_FILE,
+    TUNE_DIR,
+    table_paths,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from study.analysis.progress import Unfinished
 
-STUDY_FILE = "study.yaml"
-ENVIRONMENT_FILE = "environment.json"
-OPTUNA_FILE = "optuna.db"
-RECORDS_DIR = "trials"
-TRIALS_FILE = "trials.parquet"
-TRIALS_CSV_FILE = "trials.csv"
-HISTORY_FILE = "history.parquet"
-TUNE_DIR = "tune"
-CLOCK_FILE = "clock.json"
-LOCK_FILE = "sweep.lock"
-REPLICATES_DIR = "replicates"
-REPLICATES_FILE = "replicates.parquet"
-REPLICATES_CSV_FILE = "replicates.csv"
-PLAN_FILE = "plan.json"
 
 # What makes metrics comparable across studies: the same data and the same ranking protocol. The training
 # objective is not here: it is each model's own choice (SASRec's causal loss, BERT4Rec's cloze ...).
 COMPARABILITY_KEYS = ("dataset", "dataset_hash", "eval_mode", "num_negatives", "negative_sampler", "mask_history")
 SEED_KEYS = ("seed",)
-
-
-def table_paths(out_dir: Path) -> dict[str, Path]:
-    """Where the trial tables of a sweep (or of one replicate batch) live."""
-    out_dir = Path(out_dir)
-    return {"trials": out_dir / TRIALS_FILE, "trials_csv": out_dir / TRIALS_CSV_FILE,
-            "history": out_dir / HISTORY_FILE}
 
 
 @dataclass

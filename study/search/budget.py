@@ -32,8 +32,8 @@ from typing import Any
 
 from ray.tune.stopper import Stopper
 
-from study.analysis.runs import CLOCK_FILE, RECORDS_DIR
 from study.errors import UserError
+from study.layout import CLOCK_FILE, RECORDS_DIR
 from study.search.records import atomic_write_text, read_records, trains_on
 from study.spec.resolved import Study
 from study.train.trainer import TrialData

@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from study.analysis.runs import LOCK_FILE
 from study.errors import UserError
+from study.layout import LOCK_FILE
 
 
 def _process_started(pid: int) -> float | None:

@@ -32,7 +32,7 @@ from ray.tune import Callback
 
 import models
 from study.analysis import pareto
-from study.analysis.runs import RECORDS_DIR, table_paths
+from study.layout import RECORDS_DIR, table_paths
 from study.search.budget import StudyClock
 from study.search.console import WIDTH, abbreviations, fit
 from study.search.records import (

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from study.layout import PARTIAL_HISTORY_SUFFIX, record_path
 from study.train.results import json_safe
 
 STATUS_OK, STATUS_FAILED = "ok", "failed"
@@ -56,15 +57,6 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda out: out.write(text.encode()))
 
 
-def record_path(records_dir: Path, trial_id: str) -> Path:
-    return Path(records_dir) / f"{trial_id}.json"
-
-
-PARTIAL_HISTORY_SUFFIX = ".history.jsonl"
-
-
-def partial_history_path(records_dir: Path, trial_id: str) -> Path:
-    return Path(records_dir) / f"{trial_id}{PARTIAL_HISTORY_SUFFIX}"
 
 
 def append_history(history: list[dict[str, Any]], row: dict[str, Any]) -> list[dict[str, Any]]:

@@ -30,17 +30,18 @@ from pathlib import Path
 from typing import Any
 
 import models
-from study.analysis.runs import (
+from study.cluster import check_fits, is_client, start_ray
+from study.errors import UserError
+from study.layout import (
     ENVIRONMENT_FILE,
     LOCK_FILE,
+    MODELS_DIR,
     OPTUNA_FILE,
     RECORDS_DIR,
     STUDY_FILE,
     TUNE_DIR,
     table_paths,
 )
-from study.cluster import check_fits, is_client, start_ray
-from study.errors import UserError
 from study.search.budget import StudyClock, StudyEstimate, budget_grows, check_work_left, estimate_study, fit_line
 from study.search.console import StatusReporter
 from study.search.dashboards import OptunaDashboard
@@ -58,7 +59,7 @@ from study.search.searcher import (
     study_searcher,
 )
 from study.search.tracking import tracking_callbacks
-from study.search.trial import MODELS_DIR, TrialPlan, sweep_trial, tune_key
+from study.search.trial import TrialPlan, sweep_trial, tune_key
 from study.search.windows import (
     STREAM_SAMPLE_ROWS,
     STREAM_SHUFFLE_ROWS,

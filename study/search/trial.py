@@ -35,8 +35,6 @@ from study.search.records import STATUS_OK, trains_on
 from study.train.results import json_safe
 from study.train.trainer import TrialData
 
-MODELS_DIR = "models"  # <study>/models/<trial_id>/: each trial's best-validation model (study.train.state)
-
 
 def tune_key(objective: str) -> str:
     """The reported metric an objective reads: validation at the best epoch, efficiency as measured."""

@@ -14,7 +14,7 @@ import pytest
 
 from study import report as report_cli
 from study.analysis.console import text_table
-from study.search.records import PARTIAL_HISTORY_SUFFIX
+from study.layout import PARTIAL_HISTORY_SUFFIX
 
 REPO = Path(__file__).resolve().parents[3]
 HEAVY = ("torch", "ray", "pandas", "matplotlib", "seaborn", "scipy")
