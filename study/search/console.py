@@ -18,6 +18,7 @@ terminal's width; the full figures are in ``trials.parquet`` / ``history.parquet
 from __future__ import annotations
 
 import statistics
+import textwrap
 import time
 from collections.abc import Callable
 from typing import Any
@@ -151,8 +152,9 @@ class StatusReporter:
             self._print(fit(f"epochs run {measured / self.expected_epoch_s:.1f}x slower than estimated "
                             f"({_duration(measured)} measured vs ~{_duration(self.expected_epoch_s)}): a busy machine"))
             again = self.budget_line(measured) if self.budget_line else None
-            if again:
-                self._print("at the measured speed, " + again)
+            if again:  # one paragraph again, wrapped as the budget line is
+                self._print(textwrap.fill("at the measured speed, " + " ".join(again.split()), width=WIDTH,
+                                          subsequent_indent="  "))
 
     def _counts(self, trials: list[Any]) -> tuple:
         states: dict[str, int] = {}
