@@ -32,7 +32,7 @@ from ray.tune import Callback
 
 import models
 from study.analysis import pareto
-from study.layout import RECORDS_DIR, table_paths
+from study.layout import RECORDS_DIR, partial_history_path, table_paths
 from study.search.budget import StudyClock
 from study.search.console import WIDTH, abbreviations, fit
 from study.search.records import (
@@ -42,7 +42,6 @@ from study.search.records import (
     append_history,
     atomic_write,
     lost_process,
-    partial_history_path,
     read_partial_histories,
     read_records,
     trains_on,
