@@ -200,7 +200,7 @@ class _Layout(HTMLParser):
 
 
 def test_tables_scroll_inside_the_page_and_images_fit_it(report: dict[str, Any]) -> None:
-    # what benchmarks/report_check.py measures in Chromium at 1400 px rests on these: a table wider than the page
+    # what tests/browser/report_check.py measures in Chromium at 1400 px rests on these: a table wider than the page
     # scrolls inside a box as wide as the page, and an image shrinks to the page's width
     layout = _Layout()
     layout.feed(report["html"])

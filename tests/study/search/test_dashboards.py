@@ -1,7 +1,7 @@
 """The printed way into Ray's dashboard: one link that sets the dashboard's token cookie and forwards to it.
 
 Without Ray or a browser: the link's server is checked over HTTP, the printed line through ``start_ray``'s printer
-with a stand-in Ray context. tests/benchmarks/test_dashboards_check.py opens the link of a real Ray in Chromium.
+with a stand-in Ray context. tests/browser/test_dashboards_check.py opens the link of a real Ray in Chromium.
 """
 
 from __future__ import annotations

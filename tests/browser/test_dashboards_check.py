@@ -1,4 +1,4 @@
-"""The printed way into Ray's dashboard works in one step in a real browser: ``benchmarks.dashboards_check
+"""The printed way into Ray's dashboard works in one step in a real browser: ``tests.browser.dashboards_check
 --ray-only`` starts Ray as the study commands do (token authentication, the dashboard on 127.0.0.1), opens the
 printed link in a fresh headless Chromium and finds the dashboard past its token dialog.
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.browser import chromium_path
+from tests.browser.browser import chromium_path
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.browser,
 
 def test_the_printed_link_opens_rays_dashboard_past_its_token_dialog(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-m", "benchmarks.dashboards_check", "--ray-only", "--screenshots",
+    done = subprocess.run([sys.executable, "-m", "tests.browser.dashboards_check", "--ray-only", "--screenshots",
                            str(tmp_path), "--timeout", "240"], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=400)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]

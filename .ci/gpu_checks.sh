@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The checks and figures that need a CUDA GPU, in one go. CI has no GPU, so run this by hand on one:
 #
-#     bash benchmarks/gpu_checks.sh ML100K_DIR [--pmixer PATH] [--beauty PATH/Beauty.txt] [--out DIR]
+#     bash .ci/gpu_checks.sh ML100K_DIR [--pmixer PATH] [--beauty PATH/Beauty.txt] [--out DIR]
 #         [--part tests|speed|all] [--short]
 #
 # tests: the Triton kernels compiled (outputs and gradients against the torch references), every zoo model
@@ -19,7 +19,7 @@
 # Each step's output is kept in OUT/<step>.log (default gpu-checks/); a failing step does not stop the others,
 # and the exit status counts the failed steps.
 set -u
-usage="usage: bash benchmarks/gpu_checks.sh ML100K_DIR [--pmixer PATH] [--beauty PATH] [--out DIR]"
+usage="usage: bash .ci/gpu_checks.sh ML100K_DIR [--pmixer PATH] [--beauty PATH] [--out DIR]"
 usage+=" [--part tests|speed|all] [--short]"
 ml100k=${1:?$usage}
 shift

@@ -1,9 +1,9 @@
 """Check that ``report.html`` reads well in a real browser: nothing wider than the page, numbers rounded.
 
-    python -m benchmarks.report_check [REPORT_DIR | --make] [--screenshot OUT.png] [--width 1400]
+    python -m tests.browser.report_check [REPORT_DIR | --make] [--screenshot OUT.png] [--width 1400]
 
 Renders ``REPORT_DIR/report.html`` in headless Chromium at a 1400 px wide viewport (DevTools protocol, see
-:mod:`benchmarks.browser`) and checks
+:mod:`tests.browser.browser`) and checks
 
 * the page does not scroll sideways: ``document.documentElement.scrollWidth <= innerWidth`` (a wide table
   scrolls inside its own box instead; the elements that stick out are named when it fails);
@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.browser import Browser, BrowserError, Checks
+from tests.browser.browser import Browser, BrowserError, Checks
 
 MAX_DIGITS = 4
 # a number standing alone: not part of a word (trial ids, hashes), a version (2.13.0) or a longer number
@@ -164,7 +164,7 @@ def check_report(page: Path, width: int, screenshot: Path | None, full_page: boo
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.report_check", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tests.browser.report_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("report", nargs="?", type=Path, help="a report folder (holding report.html) or the file")
     parser.add_argument("--make", action="store_true", help="build a report from two tiny synthetic studies first")
     parser.add_argument("--screenshot", type=Path, help="PNG of the rendered page")

@@ -1,6 +1,6 @@
 """Check that the URLs ``python -m study.sweep STUDY --dashboard`` prints work as printed.
 
-    python -m benchmarks.dashboards_check [--screenshots DIR] [--ray-only]
+    python -m tests.browser.dashboards_check [--screenshots DIR] [--ray-only]
 
 Runs a small synthetic sweep with ``--dashboard`` (a minute or two on 2 cores) and, while it runs:
 
@@ -10,14 +10,14 @@ Runs a small synthetic sweep with ``--dashboard`` (a minute or two on 2 cores) a
   cookie, which then opens the API as well; the printed LINK answers with that cookie and a redirect to URL;
 * optuna-dashboard (the ``optuna-dashboard: URL`` line): ``/api/studies`` lists the study and its trials appear;
 * with ``--screenshots DIR`` and a ``chromium`` on PATH, headless Chromium (over the DevTools protocol, see
-  :mod:`benchmarks.browser`) opens both pages as a person would, each in a fresh profile: Ray's dashboard URL
+  :mod:`tests.browser.browser`) opens both pages as a person would, each in a fresh profile: Ray's dashboard URL
   itself shows the token dialog; the printed LINK, opened as it is and nothing else, shows the dashboard past the
   dialog, whose Actors page lists the trials' actors; optuna-dashboard's Trials page lists the trials. A
   screenshot of each goes into DIR.
 
 After the sweep, optuna-dashboard must have stopped. ``--ray-only`` checks Ray's line alone, without a sweep: Ray
 started as the commands start it (:func:`study.cluster.start_ray` with the dashboard, one CPU), its printed line,
-the API checks and, with ``--screenshots``, the browser's way in (tests/benchmarks/test_dashboards_check.py runs
+the API checks and, with ``--screenshots``, the browser's way in (tests/browser/test_dashboards_check.py runs
 it). Exits 0 when every check passed, 1 otherwise; each check prints one ``ok``/``FAIL`` line.
 """
 
@@ -41,7 +41,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-from benchmarks.browser import Browser, BrowserError, Checks, chromium_path
+from tests.browser.browser import Browser, BrowserError, Checks, chromium_path
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN_DIALOG = "Authentication Token Required"  # the title of the dialog Ray's page shows without the cookie
