@@ -10,7 +10,7 @@ sections (every search point, settings that only make sense together) live in :m
 module holds the :class:`Study` and the keys each section may name. A budget shorter than the schedule or the
 sampler needs is adapted to rather than refused (:attr:`Study.adaptation` says how).
 
-The schema is documented in ``docs/sweep.md`` (pasted into the README) and summarised in ``SCHEMA_HELP``,
+The schema is documented in ``docs/sweep.md`` and summarised in ``SCHEMA_HELP``,
 which ``python -m study.sweep --help`` prints. Hyperparameter names in ``protocol``, ``fixed`` and ``search``
 are exactly the keys of :class:`study.train.config.TrainConfig` and of the model's config, so ``--set`` on
 ``python -m study.train`` and the YAML agree; :func:`study.train.config.split_settings` and
