@@ -11,9 +11,16 @@ import argparse
 import sys
 from typing import Any
 
-from study.analysis import pareto
 from study.analysis.console import table_width, text_table
-from study.analysis.options import DEFAULT_REFERENCE_MODEL, TABLE_METRICS, ReportOptions
+from study.analysis.options import (
+    DEFAULT_OBJECTIVES,
+    DEFAULT_REFERENCE_MODEL,
+    REFERENCE_MARGIN,
+    TABLE_METRICS,
+    ReportOptions,
+    format_objectives,
+    parse_objectives,
+)
 from study.analysis.progress import StudyRunning, describe
 from study.analysis.runs import check_folder, short_labels
 from study.errors import UserError, print_error
@@ -46,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("studies", nargs="+", help="results folders written by python -m study.sweep, or the URIs "
                                                    "they were mirrored to (s3://…: fetched into results/ first)")
     parser.add_argument("--out", help="output folder (default: <study>/report, or report-<a>+<b> beside the studies)")
-    parser.add_argument("--objectives", default=pareto.format_objectives(pareto.DEFAULT_OBJECTIVES),
+    parser.add_argument("--objectives", default=format_objectives(DEFAULT_OBJECTIVES),
                         help="Pareto objectives as METRIC:max|min,… (default %(default)s); validation metrics and "
                              "efficiency figures only")
     parser.add_argument("--select-metric", help="validation metric that chooses each model's configuration "
@@ -59,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                                            "results table reports (default: best vs runner-up)")
     parser.add_argument("--hv-reference", help="hypervolume reference point as METRIC=VALUE,… (default: the worst "
                                                "observed value of each objective, moved out by --margin of its range)")
-    parser.add_argument("--margin", type=float, default=pareto.REFERENCE_MARGIN,
+    parser.add_argument("--margin", type=float, default=REFERENCE_MARGIN,
                         help="fraction of the observed range added beyond the worst value (default %(default)s)")
     parser.add_argument("--alpha", type=float, default=0.05, help="significance level after Holm (default 0.05)")
     parser.add_argument("--allow-mixed-protocols", action="store_true",
@@ -81,7 +88,7 @@ def options_from(args: argparse.Namespace) -> ReportOptions:
     if other:
         raise UserError(f"--metrics {other[0]}: the results table holds accuracy metrics (test_… or valid_…); "
                         "efficiency figures are in the chosen-configurations and Pareto tables")
-    return ReportOptions(objectives=pareto.parse_objectives(args.objectives), reference_model=args.reference,
+    return ReportOptions(objectives=parse_objectives(args.objectives), reference_model=args.reference,
                          proposed=args.proposed, select_metric=args.select_metric, metrics=metrics,
                          hv_reference=parse_hv_reference(args.hv_reference), margin=args.margin,
                          alpha=args.alpha, allow_mixed_protocols=args.allow_mixed_protocols,

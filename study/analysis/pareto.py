@@ -24,37 +24,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from study.errors import UserError
+from study.analysis.options import (  # noqa: F401 (the objectives' names and parsing, kept light there)
+    DEFAULT_OBJECTIVES,
+    REFERENCE_MARGIN,
+    SENSES,
+    format_objectives,
+    parse_objectives,
+)
 
 if TYPE_CHECKING:  # only annotations: the command line reads the defaults below before pandas loads
     import pandas as pd
 
-SENSES = ("max", "min")
-DEFAULT_OBJECTIVES = {"valid_ndcg@10": "max", "peak_mem_mb": "min", "infer_ms_p50": "min"}
-# Fraction of an objective's observed range by which the default reference point lies beyond the worst value.
-REFERENCE_MARGIN = 0.1
 _BLOCK = 512  # rows compared at once in the dominance check: bounds memory at _BLOCK x n x d booleans
-
-
-def parse_objectives(text: str) -> dict[str, str]:
-    """``"valid_ndcg@10:max,peak_mem_mb:min"`` → ``{"valid_ndcg@10": "max", "peak_mem_mb": "min"}``."""
-    objectives: dict[str, str] = {}
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        name, sep, sense = part.rpartition(":")
-        if not sep or not name or sense not in SENSES:
-            raise UserError(f"objective {part!r}: expected METRIC:max or METRIC:min (e.g. valid_ndcg@10:max)")
-        if name in objectives:
-            raise UserError(f"objective {name} is given twice")
-        objectives[name] = sense
-    if not objectives:
-        raise UserError(f"no objectives in {text!r}; e.g. valid_ndcg@10:max,peak_mem_mb:min")
-    return objectives
-
-
-def format_objectives(objectives: Mapping[str, str]) -> str:
-    return ",".join(f"{name}:{sense}" for name, sense in objectives.items())
 
 
 def _signs(senses: Sequence[str]) -> np.ndarray:

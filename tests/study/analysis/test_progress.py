@@ -17,7 +17,7 @@ from study.analysis.console import text_table
 from study.layout import PARTIAL_HISTORY_SUFFIX
 
 REPO = Path(__file__).resolve().parents[3]
-HEAVY = ("torch", "ray", "pandas", "matplotlib", "seaborn", "scipy")
+HEAVY = ("torch", "ray", "numpy", "pandas", "matplotlib", "seaborn", "scipy")
 
 
 def _python(code: str) -> subprocess.CompletedProcess:
