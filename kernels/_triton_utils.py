@@ -15,7 +15,7 @@ AUTOTUNE_ENV = "SEQREC_TRITON_AUTOTUNE"
 def gpu_tuning() -> bool:
     """Autotune only on a real GPU: the interpreter cannot benchmark (and several configs break it).
     ``$SEQREC_TRITON_AUTOTUNE=0`` compiles the first config alone on a GPU too: the GPU test run sets it, since
-    every test shape would otherwise compile every config (about 11 s a test on an H100, 8 s with one)."""
+    every test shape would otherwise compile and benchmark every config, a large share of each test's time."""
     wanted = os.environ.get(AUTOTUNE_ENV, "1").lower() not in ("0", "false", "no", "off")
     return wanted and torch.cuda.is_available() and not interpreter_enabled()
 

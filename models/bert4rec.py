@@ -10,9 +10,9 @@ Choices stated explicitly:
   item embedding plus a per-item output bias, the paper's ``softmax(GELU(h W^P + b^P) E^T + b^O)`` (RecBole 1.2
   has the bias too). The bias joins the house scoring contract ``hidden @ item_weights().T`` as one more
   column: the hidden state ends in a constant 1 and each item's weight row in its bias, so every objective, the
-  evaluator and the exports score ``h·e_i + b_i`` without knowing of it. ``output_bias: false`` leaves it out,
-  as the zoo did until 2026-11-27; the newest-window reproduction studies, which ran before then, pin it so. On
-  LastFM's whole-history windows validation picked the bias over twenty seeds (docs/reproduction.md).
+  evaluator and the exports score ``h·e_i + b_i`` without knowing of it. ``output_bias: false`` leaves it out:
+  the head of a record that lacks the key (``BERT4RecConfig.ADDED_AFTER``), which a study that compares with such
+  records pins.
 - The mask token is id ``num_items + 1`` (one extra embedding row); :meth:`item_weights` drops it so it
   is never ranked.
 - Next-item prediction appends the mask token: the window is shifted left by one and the mask sits at
@@ -30,19 +30,17 @@ Choices stated explicitly:
   ``cloze_window_step``: by default the reference code's windows over each user's whole training history, their
   starts 0.1 · max_len items apart (its ``prop_sliding_window`` 0.1), which the paper's "training sequences" are in
   that code; 0 keeps each user's newest window only (what data-parallel and streamed studies hold). The newest
-  window holds 40 % of ml-100k's training items and half of LastFM's; the whole-history windows lifted test
-  NDCG@10 from 0.95x SASRec's to 1.14x on ml-100k and from 0.54x to 0.96x on LastFM (five seeds each, with the
-  output bias, docs/reproduction.md; 0.90x over twenty seeds on LastFM, 0.87-0.88x without the bias; the other
-  BERT4Rec studies archived before 2026-11-27 trained on the newest windows and say so in their files). The
-  §3.6 samples stay off by default because they cost accuracy: on ml-100k (mask probability 0.2, lr 1e-3, newest
-  windows) they lowered test NDCG@10 from 0.0499 to 0.0413, and a higher mask probability
-  won back only part of it (``benchmarks/results/validation_grid.md``).
+  window holds 40 % of ml-100k's training items and half of LastFM's; the whole-history windows hold all of them,
+  and since they overlap an epoch masks several times the targets. A study that trains on the newest windows says
+  so in its file (``cloze_window_step: 0``). The §3.6 samples stay off by default because on a small dataset
+  (ml-100k) they cost test accuracy, and a higher mask probability wins back only part of it
+  (``benchmarks/validation_grid.py`` compares such cells on validation).
 - Budget. A cloze epoch supervises only the masked ~``mask_prob`` share of its windows' items, where causal CE
   supervises every position: at the same number of epochs BERT4Rec has seen several
   times fewer targets, and at ~15 epochs it stays near the popularity baseline. Train it with a large epoch
-  budget and early stopping on validation NDCG@10 (``benchmarks/bert4rec_budget.py`` measures the epochs). On
-  ml-100k (windows of 50, lr 1e-3, batch 128, patience 50) its best validation epochs were 22-81 over five
-  seeds on the whole-history windows (74-169 on the newest ones), SASRec's 21-38 (docs/reproduction.md).
+  budget and early stopping on validation NDCG@10 (``benchmarks/bert4rec_budget.py`` measures the epochs): its
+  best validation epoch comes several times later than SASRec's, later still on the newest windows only, so the
+  reproduction studies give it a patience of 50 epochs and at most 500.
 - Objectives: ``cloze`` (default) and ``last`` (RecBole-style prefix CE, read through the same mask
   token). ``causal`` and ``bce`` train on every position at once and would leak future items through
   the bidirectional attention, so they are refused.
@@ -87,7 +85,7 @@ class BERT4RecConfig(ModelConfig):
     cloze_last_item_samples: bool = False  # one more sample per window that masks only its newest item (§3.6)
     output_bias: bool = True  # the paper's per-item output bias b^O (see "Output head" above)
 
-    ADDED_AFTER: ClassVar[dict[str, Any]] = {"output_bias": False}  # runs recorded before 2026-11-27 had none
+    ADDED_AFTER: ClassVar[dict[str, Any]] = {"output_bias": False}  # a record without the key ran without the bias
 
 
 @register("bert4rec")

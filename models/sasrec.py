@@ -2,11 +2,10 @@
 
 Defaults follow RecBole 1.2's ``SASRec.yaml``: d = 64, 2 layers, 2 heads, inner size 256, GELU,
 hidden and attention dropout 0.5, LayerNorm eps 1e-12, N(0, 0.02) init, and RecBole's window of the last 50
-items (``MAX_ITEM_LIST_LENGTH``). The window was 200 (the paper's ML-1M setting) until a search of the defaults
-on validation (``python -m benchmarks.defaults_search``, figures in ``benchmarks/results/cpu_speed.md``): on
-ml-100k and two CPU cores, 60 s of training at 50 reached validation NDCG@10 0.0615 against 0.0163 at 200, since
-an epoch is ~6× cheaper (2.2 s against 13 s) and the first epochs are what a short budget buys. A study
-searches or sets ``max_len``.
+items (``MAX_ITEM_LIST_LENGTH``), not the paper's 200 (its ML-1M setting; 50 on its sparser datasets). An epoch at
+50 is several times cheaper than at 200, and under a short time budget on a CPU the first epochs are what the
+budget buys, so the shorter window reaches the better validation score there
+(``python -m benchmarks.defaults_search`` searches the defaults on validation). A study searches or sets ``max_len``.
 
 Choices stated explicitly because the papers differ on them:
 - LayerNorm placement: **post-LN**, as in RecBole (``x = LN(x + drop(attn(x)))``), plus a LayerNorm

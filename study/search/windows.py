@@ -18,8 +18,8 @@ from study.search.trial import keep_trainable, quiet_ray_data
 # the local shuffle buffer its batches are drawn from (the windows arrive in file order, user by user).
 STREAM_SAMPLE_ROWS = 1024
 STREAM_SHUFFLE_ROWS = 50_000
-# Ray Data ran no task while the cluster had less than one whole CPU free (measured with Ray 2.60: a streamed read
-# had not started after a minute, with 0.5 CPU free as with none), so a streaming study leaves one CPU to its reads
+# Ray Data (2.60) runs no task while the cluster has less than one whole CPU free (a streamed read stalls with 0.5
+# CPU free as with none), so a streaming study leaves one CPU to its reads
 STREAM_SPARE_CPUS = 1.0
 STREAM_TASK_CPUS = 0.25  # a read or filter task's share of the spare CPU: a few trials' reads run side by side
 

@@ -71,16 +71,15 @@ class TrainConfig:
     compile: bool = False
     # torch.compile's mode under `compile`. `reduce-overhead` replays the compiled loss, forward and backward, as
     # CUDA graphs: a few launches where eager issues hundreds, and the zoo's steps on a GPU wait on launches, not
-    # arithmetic. ELASTIC's median epoch on ml-100k took 3.4 s instead of 12.0 s eager on an H200
-    # (benchmarks/results/gpu_h200.md). Only the `last` objective may use it (cuda_graph_conflict says why). A CPU
-    # step has no graphs to replay and runs as `default`.
+    # arithmetic, so replaying them shortens an epoch several-fold. Only the `last` objective may use it
+    # (cuda_graph_conflict says why). A CPU step has no graphs to replay and runs as `default`.
     compile_mode: str = "default"
     # drop the leading columns that are padding in every row of a batch and run its windows in length groups
     # (training, evaluation, latency): the same results at real items, less compute. None (`auto`) trims on a CPU
     # and not on CUDA, where a step at the zoo's sizes waits on kernel launches, not arithmetic, and the groups
-    # multiply the launches: `python -m benchmarks.padding --device cuda` measured SASRec's step 2.4x (Beauty,
-    # max_len 50) and 3.2x (ml-100k, max_len 200) slower trimmed on an H200. `auto` does not trim under `compile`
-    # either: each trimmed width and length group would be a graph to compile. The row records what ran.
+    # multiply the launches, so a trimmed step is slower there than a full one
+    # (`python -m benchmarks.padding --device cuda` compares them). `auto` does not trim under `compile` either:
+    # each trimmed width and length group would be a graph to compile. The row records what ran.
     trim_padding: bool | None = None
 
     def constraint_errors(self) -> list[tuple[str, str]]:
@@ -133,14 +132,14 @@ def cuda_graph_conflict(train: TrainConfig, objective: str) -> str | None:
     """Why ``train`` may not replay ``objective`` (already resolved) as CUDA graphs, or None when it may.
 
     Every objective but ``last`` selects its scored positions with a mask whose count changes from batch to batch.
-    Under torch 2.11's CUDA-graph trees each such run we made (SASRec's causal CE on ml-100k, BERT4Rec's cloze) died
-    with a segmentation fault in the backward's first run, graph partition on or off
-    (benchmarks/results/gpu_h200.md); a crashed process loses the whole trial, so the mode is refused up front."""
+    Under torch 2.11's CUDA-graph trees such a step (SASRec's causal CE, BERT4Rec's cloze) dies with a segmentation
+    fault in the backward's first run, graph partition on or off; a crashed process loses the whole trial, so the
+    mode is refused up front."""
     if not asks_for_cuda_graphs(train) or objective == "last":
         return None
     return (f"{train.compile_mode!r} replays CUDA graphs, which only the `last` objective runs under: {objective!r} "
-            "scores a batch-dependent number of positions, as the causal and cloze steps that crashed them did (see "
-            "benchmarks/results/gpu_h200.md); use compile_mode: default")
+            "scores a batch-dependent number of positions, as the causal and cloze steps that crash them do; use "
+            "compile_mode: default")
 
 
 def field_type(field: dataclasses.Field, owner: type) -> type:

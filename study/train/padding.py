@@ -27,11 +27,11 @@ def trims_padding(setting: bool | None, device: torch.device | str, compiled: bo
     """``TrainConfig.trim_padding`` resolved for ``device``: the setting where given, else trim on a CPU only, and
     never in a ``compiled`` step.
 
-    On CUDA the zoo's steps are bound by kernel launches (`python -m benchmarks.step_profile elastic --device
-    cuda` on an H200: the GPU is busy 3% of an ELASTIC step), so the FLOPs trimming saves buy little time there,
-    while the length groups multiply the launches and each group reads its width back from the device. A compiled
-    step wants one shape: every width trimming makes and every length group is a graph to compile anew (an ELASTIC
-    step traced 23 graphs over its first 12 batches trimmed, one on full windows).
+    On CUDA the zoo's steps are bound by kernel launches, the GPU idle for most of a step
+    (`python -m benchmarks.step_profile MODEL --device cuda` shows where a step's time goes), so the FLOPs trimming
+    saves buy little time there, while the length groups multiply the launches and each group reads its width back
+    from the device. A compiled step wants one shape: every width trimming makes and every length group is a graph
+    to compile anew, where full windows compile one.
     """
     if setting is not None:
         return setting
