@@ -43,7 +43,7 @@ from typing import Any
 
 from tests.browser.browser import Browser, BrowserError, Checks, chromium_path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TOKEN_DIALOG = "Authentication Token Required"  # the title of the dialog Ray's page shows without the cookie
 TOKEN_COOKIE = "ray-authentication-token"
 URL_LINE = re.compile(r"^(Ray dashboard|optuna-dashboard): (http://\S+)")
