@@ -1,6 +1,6 @@
 """A study file's configuration crossed with a small grid, each cell trained to its early stop; picked on validation.
 
-    python -m benchmarks.validation_grid search_spaces/reproduction/bert4rec.yaml --dataset lastfm
+    python -m benchmarks.validation_grid experiments/reproduction/studies/bert4rec.yaml --dataset lastfm
         --source PATH/LastFM.txt --grid mask_prob=0.1,0.2,0.4 --grid lr=5e-4,1e-3,2e-3
         [--seeds 1] [--parallel 2] [--device auto] [--label NAME] [--out benchmarks/results/validation_grid.csv]
         [--table-only]
@@ -194,7 +194,7 @@ def table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.validation_grid", description=__doc__.split("\n")[0])
     parser.add_argument("study_file", type=Path, nargs="?",
-                        help="a study YAML, e.g. search_spaces/reproduction/bert4rec.yaml (not for --table-only)")
+                        help="a study YAML, e.g. experiments/reproduction/studies/bert4rec.yaml (not for --table-only)")
     parser.add_argument("--dataset", default=None, help="a data recipe (default: the study file's)")
     parser.add_argument("--source", default=None, help="the recipe's local file (offline machines)")
     parser.add_argument("--label", default=None,

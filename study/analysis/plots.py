@@ -68,7 +68,7 @@ def save_figure(figure: Figure, stem: str | Path, *, dpi: int = 150) -> list[Pat
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = []
     # The same figure gives the same bytes (an SVG without its date, its element ids from a fixed salt), so a
-    # regenerated report whose numbers did not change leaves its tracked files, docs/reproduction's among them,
+    # regenerated report whose numbers did not change leaves its tracked files, a campaign's among them,
     # unchanged.
     with plt.rc_context({"svg.hashsalt": "seqrec-study"}):
         for suffix in FORMATS:

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from study.spec.scaling import EXPECTED_GROWTH, METRICS, Claim
+from study.analysis.claims import Claim
+from study.spec.scaling import EXPECTED_GROWTH, METRICS
 
 if TYPE_CHECKING:
     from study.spec.scaling import ScalingStudy
@@ -159,22 +160,23 @@ def check_claims(frame: Any, study: ScalingStudy) -> list[ClaimResult]:
     """Each claim against the measured cells: met or missed with the numbers, or why it could not be tested."""
     results = []
     for claim in study.claims:
-        column = METRICS[claim.metric]
-        unit = " MB" if claim.metric == "memory" else " ms"
-        bound = (f"model/reference ≤ {claim.max_ratio:g}×" if claim.max_ratio is not None
-                 else f"reference/model ≥ {claim.min_factor:g}×")
-        head = f"{claim.paper}: {claim.text}" if claim.paper else claim.text
-        batches = [str(claim.batch_size)] if claim.batch_size else study.batch_keys()
+        metric, cell = claim.metrics[0], claim.where
+        column = METRICS[metric]
+        unit = " MB" if metric == "memory" else " ms"
+        bound = (f"model/reference ≤ {claim.bound:g}×" if claim.kind == "max_ratio"
+                 else f"reference/model ≥ {claim.bound:g}×")
+        head = f"{claim.source}: {claim.text}" if claim.source else claim.text
+        batches = [str(cell["batch_size"])] if cell.get("batch_size") else study.batch_keys()
         for batch in batches:
-            where = f"{claim.mode}, batch {batch}, N = {claim.length}"
-            here = _cell(frame, claim.model, claim.mode, batch, claim.length)
-            ref = _cell(frame, claim.reference, claim.mode, batch, claim.length)
+            where = f"{cell['mode']}, batch {batch}, N = {cell['length']}"
+            here = _cell(frame, claim.candidate, cell["mode"], batch, cell["length"])
+            ref = _cell(frame, claim.reference, cell["mode"], batch, cell["length"])
             problems = [f"{label} {row['status']}" + (f" ({row['error']})" if row["status"] != "skipped" else "")
-                        for label, row in ((claim.model, here), (claim.reference, ref))
+                        for label, row in ((claim.candidate, here), (claim.reference, ref))
                         if row is not None and row["status"] != "ok"]
             if here is None or ref is None or problems:
                 reason = "; ".join(problems) if problems else \
-                    f"N = {claim.length} is not in this grid (lengths {study.lengths[0]}–{study.lengths[-1]})"
+                    f"N = {cell['length']} is not in this grid (lengths {study.lengths[0]}–{study.lengths[-1]})"
                 hint = _largest_common(frame, claim, batch)
                 results.append(ClaimResult(claim, batch, "not tested",
                                            f"**not tested**: {head} [{where}; needs {bound}]: {reason}.{hint}"))
@@ -182,17 +184,17 @@ def check_claims(frame: Any, study: ScalingStudy) -> list[ClaimResult]:
             value, reference = float(here[column]), float(ref[column])
             if value <= 0 or reference <= 0:
                 results.append(ClaimResult(claim, batch, "not tested",
-                                           f"**not tested**: {head} [{where}]: a measured {claim.metric} is not "
-                                           f"positive ({claim.model} {format_value(value, unit)}, {claim.reference} "
-                                           f"{format_value(reference, unit)})."))
+                                           f"**not tested**: {head} [{where}]: a measured {metric} is not "
+                                           f"positive ({claim.candidate} {format_value(value, unit)}, "
+                                           f"{claim.reference} {format_value(reference, unit)})."))
                 continue
             ratio, factor = value / reference, reference / value
-            met = ratio <= claim.max_ratio if claim.max_ratio is not None else factor >= claim.min_factor
-            if claim.metric == "memory":
+            met = claim.holds(value, reference)
+            if metric == "memory":
                 change = f"{abs(1 - ratio):.0%} {'less' if ratio <= 1 else 'more'} memory"
             else:
                 change = f"speed-up {factor:.2f}×"
-            measured = (f"{claim.model} {format_value(value, unit)} vs {claim.reference} "
+            measured = (f"{claim.candidate} {format_value(value, unit)} vs {claim.reference} "
                         f"{format_value(reference, unit)}: model/reference {ratio:.3f}×, "
                         f"reference/model {factor:.2f}× ({change})")
             verdict = "met" if met else "missed"
@@ -203,9 +205,9 @@ def check_claims(frame: Any, study: ScalingStudy) -> list[ClaimResult]:
 
 def _largest_common(frame: Any, claim: Claim, batch: str) -> str:
     """For an untestable claim, the same ratio at the largest length where both models ran, for orientation."""
-    column = METRICS[claim.metric]
-    ok = frame[(frame["status"] == "ok") & (frame["mode"] == claim.mode) & (frame["batch"] == batch)]
-    here = ok[ok["label"] == claim.model].set_index("length")[column]
+    column = METRICS[claim.metrics[0]]
+    ok = frame[(frame["status"] == "ok") & (frame["mode"] == claim.where["mode"]) & (frame["batch"] == batch)]
+    here = ok[ok["label"] == claim.candidate].set_index("length")[column]
     ref = ok[ok["label"] == claim.reference].set_index("length")[column]
     common = sorted(set(here.index) & set(ref.index))
     if not common or here[common[-1]] <= 0 or ref[common[-1]] <= 0:

@@ -199,6 +199,6 @@ def write_outputs(frame: Any, study: ScalingStudy, env: dict[str, Any], sequence
     counts = frame["status"].value_counts().to_dict()
     lines = [f"scaling study {study.name}: {len(frame)} cells ("
              + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + f"); results in {out}"]
-    lines += [f"  {r.verdict}: {r.claim.paper} {r.claim.text} (batch {r.batch})" for r in claims]
+    lines += [f"  {r.verdict}: {r.claim.source} {r.claim.text} (batch {r.batch})" for r in claims]
     return {"out": out, "frame": frame, "summary": summary, "claims": claims, "plots": plots,
             "markdown": out / "scaling.md", "text": "\n".join(lines)}

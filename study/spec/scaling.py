@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from study.analysis.claims import Claim
 from study.errors import UserError
 from study.spec import yaml_io
 from study.spec.yaml_io import NAME_PATTERN, ConfigErrors, StudyConfigError, check_keys, read_section
@@ -49,22 +50,6 @@ class ModelEntry:
     config: dict[str, Any]  # typed model hyperparameters (num_items and max_len are set per cell)
     train: dict[str, Any]  # TRAIN_KEYS, typed, objective resolved for this model
     expected_growth: str | None = None
-
-
-@dataclass
-class Claim:
-    """A paper's efficiency statement: ``model`` against ``reference`` on one metric at one length."""
-
-    paper: str
-    text: str
-    model: str
-    reference: str
-    mode: str
-    metric: str  # memory | time
-    length: int
-    max_ratio: float | None = None  # met when model / reference <= max_ratio
-    min_factor: float | None = None  # met when reference / model >= min_factor
-    batch_size: int | None = None  # None: every batch of the grid
 
 
 @dataclass
@@ -116,7 +101,7 @@ class ScalingStudy:
             "lengths": list(self.lengths), **batches,
             "modes": list(self.modes), "measure": dict(self.measure), "fit": {"min_length": self.fit_min_length},
             "compare_length": self.compare_length, "reference": self.reference,
-            "claims": [{k: v for k, v in asdict(c).items() if v is not None} for c in self.claims],
+            "claims": [claim_dict(c) for c in self.claims],
             "resources": dict(self.resources), "stop_after_failure": self.stop_after_failure, "seed": self.seed,
             "storage": self.storage_uri or str(self.storage),
         }
@@ -466,7 +451,17 @@ def _resolve_claims(data: dict, errors: ConfigErrors, labels: list[str], modes: 
                 ok = False
         if not ok or length is None or bound is None:
             continue
-        claims.append(Claim(paper=str(item.get("paper", "")), text=str(item.get("text", "")), model=item["model"],
-                            reference=item["reference"], mode=item["mode"], metric=item["metric"], length=length,
-                            batch_size=batch, **{bounds[0]: bound}))
+        # max_ratio: model / reference <= bound; min_factor: reference / model >= bound (Claim.holds)
+        claims.append(Claim(text=str(item.get("text", "")), source=str(item.get("paper", "")),
+                            candidate=item["model"], kind=bounds[0], reference=item["reference"], bound=bound,
+                            metrics=(item["metric"],),
+                            cell=(("mode", item["mode"]), ("length", length), ("batch_size", batch))))
     return claims
+
+
+def claim_dict(claim: Claim) -> dict[str, Any]:
+    """A scaling claim as its study file states it (the keys of :data:`CLAIM_KEYS`; no batch_size: every batch)."""
+    where = claim.where
+    data = {"paper": claim.source, "text": claim.text, "model": claim.candidate, "reference": claim.reference,
+            "mode": where["mode"], "metric": claim.metrics[0], "length": where["length"], claim.kind: claim.bound}
+    return data | ({"batch_size": where["batch_size"]} if where.get("batch_size") is not None else {})

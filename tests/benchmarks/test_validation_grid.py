@@ -9,7 +9,7 @@ import pytest
 
 from benchmarks import validation_grid
 
-REPRODUCTION = Path(__file__).resolve().parents[2] / "search_spaces" / "reproduction"
+REPRODUCTION = Path(__file__).resolve().parents[2] / "experiments" / "reproduction" / "studies"
 
 
 def test_one_spelling_per_value() -> None:

@@ -207,8 +207,8 @@ def test_a_lisa_base_step_is_the_same_on_the_kernel_and_the_reference(triton_bac
     """The op inside the model, at the reproduction's LISA-Base size (8 × 128 codebooks, D = 128, windows of 50,
     decay 0.1, left padding of several lengths): one step's loss and every parameter's gradient agree between the
     two paths. The op tests above stop at W = 32 and D = 64; on a GPU this one runs the compiled kernels at the size
-    the reproduction trains (docs/reproduction.md, LISA: its H100 and CPU runs differed, and this rules the kernel
-    in or out on the GPU at hand)."""
+    the reproduction trains (experiments/reproduction/NOTES.md, LISA: its H100 and CPU runs differed, and this rules
+    the kernel in or out on the GPU at hand)."""
     generator = torch.Generator().manual_seed(3)
     windows = torch.randint(1, 1683, (12, 51), generator=generator, device="cpu")
     for row, n_pad in enumerate([0, 5, 20, 40, 47, 0, 13, 30, 2, 49, 8, 0]):

@@ -120,7 +120,7 @@ def test_the_step_draws_its_negatives_from_the_training_counts():
 def test_sampled_softmax_learns_ml100k_beyond_popularity(ml100k_prepared):
     """20 epochs on ml-100k: test NDCG@10 0.033–0.035 (uniform) and 0.027–0.029 (popularity) over seeds 0–2,
     against popularity's 0.0224. Not LastFM: there both samplers sit on its popularity plateau for 8–20 epochs
-    (0.014–0.024 against 0.0168 over seeds; docs/reproduction.md), so a test of it would be a coin flip."""
+    (0.014–0.024 against 0.0168 over seeds; experiments/reproduction/NOTES.md), so a test of it would be a coin flip."""
     data = TrialData.from_prepared(ml100k_prepared, max_len=50)
     for sampler in ("uniform", "popularity"):  # one test for both samplers: one skip where ../shared is absent
         result = run_trial("sasrec", data, {"objective": "sampled_ce", "train_negatives": 64,

@@ -1,0 +1,195 @@
+"""Running a campaign's studies through ``python -m study.sweep``, resumably, and keeping their compact records.
+
+Choices:
+
+- Each study runs as its own ``study.sweep`` subprocess, so a campaign is exactly what a user would type, study by
+  study, and one study's failure or memory does not reach the next.
+- A study whose folder holds every seed is skipped; one with Tune's state is resumed (``--resume``). A study restored
+  from the records in part (its run was lost before every seed finished) is reported with the seeds it has and not
+  resumed, since Tune's state did not travel with it: move its folder aside to rerun it whole.
+- The compact records (:data:`RECORD_FILES`: what the report reads, not the weights, Tune's state or the per-trial
+  files) are copied into the campaign's ``records`` folder, which is tracked, and copied back into ``results/`` on a
+  fresh clone, so that ``--report-only`` regenerates the page from the repository alone.
+- ``--set`` may change where and how fast a study runs (:data:`RUN_SECTIONS`), never what it measures: the report
+  compares studies that must share their protocol.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from study.analysis.runs import ENVIRONMENT_FILE, HISTORY_FILE, STUDY_FILE, TRIALS_FILE
+from study.campaign.spec import Campaign, Choice
+from study.errors import UserError
+from study.search.records import PARTIAL_HISTORY_SUFFIX
+
+RECORD_FILES = (TRIALS_FILE, HISTORY_FILE, STUDY_FILE, ENVIRONMENT_FILE)
+RUN_SECTIONS = ("resources", "checkpoint", "storage")  # what a campaign's --set may change
+QUICK_SEEDS = 2
+
+
+def results_dir() -> Path:
+    """Where ``study.sweep`` puts ``results/<name>/``: it runs in this process's working folder."""
+    return Path.cwd() / "results"
+
+
+def finished_seeds(folder: Path) -> int:
+    """Seeds whose trial finished successfully in a study folder (0 when it has no trial table yet)."""
+    table = folder / TRIALS_FILE
+    if not table.is_file():
+        return 0
+    trials = pd.read_parquet(table, columns=["status", "seed"])
+    return int(trials.loc[trials["status"] == "ok", "seed"].nunique())
+
+
+def check_run_overrides(overrides: list[str]) -> list[str]:
+    """The ``--set`` overrides a campaign may take: only keys under :data:`RUN_SECTIONS`."""
+    refused = [o for o in overrides if o.partition("=")[0].strip().split(".")[0] not in RUN_SECTIONS]
+    if refused:
+        raise UserError(f"--set {', '.join(refused)}: a campaign's --set may change only "
+                        f"{', '.join(RUN_SECTIONS)}; the protocol of every study is its study file's")
+    return overrides
+
+
+def archive_study(folder: Path, records: Path) -> None:
+    """Copy a study's compact records to ``records/<study>/``, replacing what was there."""
+    target = records / folder.name
+    target.mkdir(parents=True, exist_ok=True)
+    for name in RECORD_FILES:
+        source, kept = folder / name, target / name
+        if source.is_file() and not _same_file(source, kept):
+            shutil.copy2(source, kept)
+
+
+def _same_file(source: Path, kept: Path) -> bool:
+    """Whether ``kept`` is already ``source``'s copy: ``copy2`` keeps the modification time, so size and time say it
+    without reading either file (a report run would otherwise rewrite every record each time)."""
+    if not kept.is_file():
+        return False
+    a, b = source.stat(), kept.stat()
+    return a.st_size == b.st_size and a.st_mtime_ns == b.st_mtime_ns
+
+
+def restore_records(records: Path, results: Path, prefix: str) -> list[str]:
+    """Copy every recorded study of the campaign that ``results`` lacks into it; the names restored."""
+    restored = []
+    for source in sorted(p for p in records.glob(f"{prefix}-*") if (p / TRIALS_FILE).is_file()):
+        if not (results / source.name).exists():
+            shutil.copytree(source, results / source.name)
+            restored.append(source.name)
+    return restored
+
+
+def sweep_overrides(campaign: Campaign, dataset: str, study: str, source: Path | None, quick: bool,
+                    run: tuple[str, ...] = ()) -> list[str]:
+    """The ``--set`` arguments of one study's sweep: its name and data, then the run's own overrides."""
+    overrides = [f"name={campaign.study_name(dataset, study, quick)}",
+                 f"dataset.name={campaign.datasets[dataset].recipe}", *run]
+    if source:
+        overrides.append(f"dataset.source={source}")
+    if quick:  # a smoke run of the whole pipeline: two seeds, two epochs, five prefixes per user
+        seeds = list(range(1, QUICK_SEEDS + 1))
+        overrides += ["budget.max_epochs=2", f"budget.num_samples={QUICK_SEEDS}", f"search.seed={{grid: {seeds}}}"]
+        if "prefixes_per_user" in campaign.study_file(study).read_text():
+            overrides.append("fixed.prefixes_per_user=5")
+    return overrides
+
+
+def progress_line(folder: Path, seeds: int) -> str:
+    """Where a running study stands: its finished seeds, and each running trial's epoch and best epoch so far with
+    that epoch's validation NDCG@10 (read from the per-epoch files the recorder appends while a trial runs)."""
+    running = []
+    for history in sorted((folder / "trials").glob(f"*{PARTIAL_HISTORY_SUFFIX}")):
+        lines = history.read_text().splitlines()
+        if not lines:
+            continue
+        last = json.loads(lines[-1])
+        best = last.get("best_valid_ndcg@10")
+        score = f", validation NDCG@10 {best:.4f}" if best is not None else ""
+        running.append(f"{history.name.removesuffix(PARTIAL_HISTORY_SUFFIX)} at epoch {last['epoch']} "
+                       f"(best epoch {last['best_epoch']}{score})")
+    now = time.strftime("%H:%M")
+    return (f"{now} {folder.name}: {finished_seeds(folder)}/{seeds} seeds finished"
+            + (f"; running: {'; '.join(running)}" if running else ""))
+
+
+def run_study(campaign: Campaign, dataset: str, study: str, options) -> Path | None:
+    """Run (or resume, or skip) one study; its results folder, or None when its sweep failed.
+
+    ``options`` carries the command's ``quick``, ``overrides``, ``num_cpus``, ``progress_every`` and ``sources``.
+    """
+    folder = results_dir() / campaign.study_name(dataset, study, options.quick)
+    seeds = QUICK_SEEDS if options.quick else campaign.seeds
+    if finished_seeds(folder) >= seeds:
+        print(f"{folder.name}: done ({seeds} seeds)", flush=True)
+        return folder
+    if (folder / TRIALS_FILE).is_file() and not (folder / "tune").is_dir():
+        print(f"{folder.name}: holds {finished_seeds(folder)} of {seeds} seeds but no Tune state to resume them "
+              f"(restored from the campaign's records?); reported as it is. Move the folder aside to rerun it whole",
+              file=sys.stderr)
+        return folder
+    command = [sys.executable, "-m", "study.sweep", str(campaign.study_file(study)), "--quiet"]
+    for override in sweep_overrides(campaign, dataset, study, options.sources.get(dataset), options.quick,
+                                    tuple(options.overrides)):
+        command += ["--set", override]
+    if options.num_cpus:
+        command += ["--num-cpus", str(options.num_cpus)]
+    if (folder / TRIALS_FILE).is_file() or (folder / "tune").is_dir():
+        command.append("--resume")
+    print(f"{folder.name}: running ({' '.join(command[2:4])} …)", flush=True)
+    sweep = subprocess.Popen(command)
+    try:
+        while True:  # a study runs for hours: say where it stands every few minutes
+            try:
+                sweep.wait(timeout=options.progress_every)
+                break
+            except subprocess.TimeoutExpired:
+                print(progress_line(folder, seeds), flush=True)
+    except KeyboardInterrupt:
+        stop_sweep(sweep)
+        raise
+    if sweep.returncode != 0:
+        print(f"{folder.name}: the sweep failed; rerun to resume it", file=sys.stderr)
+        return None
+    return folder
+
+
+def stop_sweep(sweep: subprocess.Popen, grace_s: float = 60.0) -> None:
+    """After Ctrl-C: wait for the sweep to save Tune's state and stop. Ctrl-C in a terminal reaches it too (one
+    process group); a SIGINT sent to this process alone is passed on once the grace period has passed (not at once:
+    a second SIGINT would make Tune skip its last save)."""
+    try:
+        sweep.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        sweep.send_signal(signal.SIGINT)
+        sweep.wait()
+
+
+def choose(campaign: Campaign, choice: Choice, quick: bool) -> list[str]:
+    """The ``choice.count`` candidates with the best mean ``choice.metric`` ratio to ``choice.ratio_to`` over the
+    datasets ``choice.over``, best first; none until every candidate has every seed on each of those datasets."""
+    ratios: dict[str, list[float]] = {}
+    seeds = QUICK_SEEDS if quick else campaign.seeds
+    for dataset in choice.over:
+        means = {}
+        for study in (choice.ratio_to, *choice.candidates):
+            folder = results_dir() / campaign.study_name(dataset, study, quick)
+            if finished_seeds(folder) >= seeds:
+                trials = pd.read_parquet(folder / TRIALS_FILE)
+                means[study] = trials.loc[trials["status"] == "ok", choice.metric].mean()
+        for study in choice.candidates:
+            if study in means and means.get(choice.ratio_to):
+                ratios.setdefault(study, []).append(means[study] / means[choice.ratio_to])
+    complete = {s: statistics.mean(r) for s, r in ratios.items() if len(r) == len(choice.over)}
+    if len(complete) < len(choice.candidates):
+        return []
+    return sorted(complete, key=complete.get, reverse=True)[:choice.count]
