@@ -28,6 +28,9 @@ DIARY = {
 def shipped_files() -> list[Path]:
     files = [path for folder in CODE_DIRS for path in (REPO / folder).rglob("*.py")]
     files += (REPO / STUDY_FILES).rglob("*.yaml")
+    # a campaign's study files and campaign file are shipped too (its NOTES.md may keep dated notes)
+    files += (REPO / "experiments").glob("*/studies/*.yaml")
+    files += (REPO / "experiments").glob("*/campaign.yaml")
     return sorted(path for path in files if "__pycache__" not in path.parts)
 
 
@@ -54,7 +57,7 @@ def test_the_scan_covers_the_shipped_code_and_study_files() -> None:
     files = {path.relative_to(REPO).as_posix() for path in shipped_files()}
     assert {"models/bert4rec.py", "study/train/config.py", "kernels/_triton_utils.py",
             "search_spaces/sasrec.yaml", "search_spaces/paper/sasrec-ml1m.yaml",
-            "search_spaces/reproduction/bert4rec.yaml"} <= files
+            "experiments/reproduction/studies/bert4rec.yaml", "experiments/reproduction/campaign.yaml"} <= files
 
 
 def test_code_and_study_files_carry_no_diary() -> None:
