@@ -34,11 +34,11 @@ Choices stated explicitly:
   and since they overlap an epoch masks several times the targets. A study that trains on the newest windows says
   so in its file (``cloze_window_step: 0``). The §3.6 samples stay off by default because on a small dataset
   (ml-100k) they cost test accuracy, and a higher mask probability wins back only part of it
-  (``benchmarks/validation_grid.py`` compares such cells on validation).
+  (``experiments/validation-grid/`` compares such cells on validation).
 - Budget. A cloze epoch supervises only the masked ~``mask_prob`` share of its windows' items, where causal CE
   supervises every position: at the same number of epochs BERT4Rec has seen several
   times fewer targets, and at ~15 epochs it stays near the popularity baseline. Train it with a large epoch
-  budget and early stopping on validation NDCG@10 (``benchmarks/bert4rec_budget.py`` measures the epochs): its
+  budget and early stopping on validation NDCG@10 (``experiments/validation-grid/`` measures the epochs): its
   best validation epoch comes several times later than SASRec's, later still on the newest windows only, so the
   reproduction studies give it a patience of 50 epochs and at most 500.
 - Objectives: ``cloze`` (default) and ``last`` (RecBole-style prefix CE, read through the same mask
