@@ -1,4 +1,5 @@
-"""The study's time budget (``budget.time_budget_s``): a clock that ends the study the way Ctrl-C does.
+"""The study's budget: a clock that ends the study the way Ctrl-C does, what a resume may add, and the estimate
+of what the study will cost, measured before its first trial.
 
 Tune's own ``time_budget_s`` marks every running trial TERMINATED without ending it: no callback hears of those
 trials, so their epochs never became records, Optuna kept them as failed, and ``--resume`` had nothing left to
@@ -15,6 +16,12 @@ The budget covers the whole study: the seconds spent by earlier sessions are kep
 against it, so a resumed study gets only what is left (a larger ``budget.time_budget_s`` gives it more).
 Where the driver cannot receive a signal (Tune driven from a thread, as on a Ray Client head node), the clock
 falls back to Tune's stop-all: the trials are still recorded, but a resume starts no new epochs for them.
+
+A resume may give the study more time or samples, nothing else (:func:`budget_grows`); one that would run nothing
+says why in one line (:func:`check_work_left`). Before the first trial, :func:`estimate_study` times an epoch of the
+largest configuration (the loader, real batches, validation) and one checkpoint, which set the cost line, the
+local checkpoint interval (:meth:`StudyEstimate.checkpoint_every`) and whether the study fits its budget
+(:func:`fit_line`).
 """
 
 from __future__ import annotations
