@@ -13,10 +13,13 @@ terminal's width; the full figures are in ``trials.parquet`` / ``history.parquet
   epochs still shows that it moves;
 * once, when the trials' median epoch takes over ``SLOW_FACTOR`` times the driver's estimate (a busy machine):
   the measured epoch time and what the study's epochs then cost.
+
+:class:`TuneMessages` keeps Tune's own messages about failed and interrupted runs off the console.
 """
 
 from __future__ import annotations
 
+import logging
 import statistics
 import textwrap
 import time
@@ -200,3 +203,50 @@ class StatusReporter:
             return ""
         value, trial = max(scored) if mode == "max" else min(scored)
         return f"{name} {format_value(value)} ({trial})"
+
+
+class TuneMessages(logging.Filter):
+    """Keeps Tune's messages about failed and interrupted runs off the console, noticing the interruption.
+
+    * A failed trial: Tune logs its whole traceback, then "Trials did not complete". The sweep's own records say
+      which trial failed and why (``trials/<id>.json``, the summary's failure lines), and the traceback stays in
+      the trial's ``error.txt`` under ``tune/``.
+    * Ctrl-C: Tune stops the trials, saves the experiment state and returns from ``fit()`` normally, after two
+      warnings (one naming ``Tuner.restore``, which is not how this platform resumes). ``interrupted`` records it,
+      and the sweep then ends the way any Ctrl-C ends a command (:func:`study.cli.run_command`): one line naming
+      ``--resume``, exit code 130.
+    * Frequent snapshots: with ``checkpoint.every`` small and short epochs, Tune saves its experiment state at each
+      checkpoint (it must, to keep only ``checkpoint.keep`` of them) and warns that this happens often, advising
+      settings the study sets on purpose. Likewise its "performance bottleneck" timings of its own loop.
+    * The study's time budget: its clock (:mod:`study.search.budget`) stops Tune with the signal Tune reads as
+      Ctrl-C, so ``interrupted`` is also set then; the driver tells the two apart by the clock.
+    """
+
+    INTERRUPTED = ("Stop signal received", "Experiment has been interrupted", "Training has been interrupted")
+    FAILED = ("Trial task failed for trial", "Trials did not complete")
+    NOISE = ("Experiment state snapshotting has been triggered multiple times",)
+    # Tune times its own loop and warns when a step of it is slow; on a machine whose cores all train trials the
+    # driver's loop is slow by design, and the warning advises settings (report less often) the study needs as set
+    SLOW_LOOP = "may be a performance bottleneck"
+    LOGGERS = ("ray.tune.tune", "ray.tune.execution.tune_controller", "ray.tune.execution.experiment_state",
+               "ray.tune.utils.util")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.interrupted = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = str(record.msg)
+        if message.startswith(self.INTERRUPTED):
+            self.interrupted = True
+            return False
+        return not message.startswith(self.FAILED + self.NOISE) and self.SLOW_LOOP not in record.getMessage()
+
+    def __enter__(self) -> TuneMessages:
+        for name in self.LOGGERS:
+            logging.getLogger(name).addFilter(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for name in self.LOGGERS:
+            logging.getLogger(name).removeFilter(self)

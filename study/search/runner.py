@@ -20,11 +20,9 @@ Selection uses validation only: a ``valid_…`` objective is read at the trial's
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -43,23 +41,14 @@ from study.layout import (
     table_paths,
 )
 from study.search.budget import StudyClock, StudyEstimate, budget_grows, check_work_left, estimate_study, fit_line
-from study.search.console import StatusReporter
+from study.search.console import TuneMessages
 from study.search.dashboards import OptunaDashboard
-from study.search.data_parallel import data_parallel_trial
 from study.search.lock import study_lock
-from study.search.recorder import SweepRecorder, build_row, summary, write_tables
+from study.search.recorder import build_row, summary, write_tables
 from study.search.records import atomic_write_text, read_records
-from study.search.searcher import (
-    StudySamples,
-    close_orphans,
-    fixed_points_search,
-    make_scheduler,
-    make_searcher,
-    points_space,
-    study_searcher,
-)
-from study.search.tracking import tracking_callbacks
-from study.search.trial import TrialPlan, sweep_trial, tune_key
+from study.search.searcher import close_orphans
+from study.search.trial import TrialPlan
+from study.search.tuner import make_trainable, make_tuner, restore_tuner
 from study.search.windows import (
     STREAM_SAMPLE_ROWS,
     STREAM_SHUFFLE_ROWS,
@@ -98,18 +87,6 @@ def _concurrency(study: Study) -> int:
     fits = check_fits(study.resources.cpu, study.resources.gpu, study.resources.workers_per_trial, spare_cpu=spare)
     wanted = study.resources.max_concurrent
     return fits if wanted == "auto" else min(int(wanted), fits)
-
-
-def _progress_reporter(study: Study, estimate: StudyEstimate | None, concurrency: int) -> Any:
-    """Short console lines (:mod:`study.search.console`): a trial's line when it ends, a status line every 30 s.
-
-    Tune takes a ProgressReporter only with its classic console output; its newer one ignores the reporter (with
-    a warning) and prints every metric of every trial in boxed tables, so the classic one is chosen here.
-    """
-    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"  # read by Tune when the run starts
-    objectives = {tune_key(metric): (metric, mode) for metric, mode in study.objectives.items()}
-    return StatusReporter(objectives, list(study.search), expected_epoch_s=estimate.epoch_s if estimate else None,
-                          budget_line=functools.partial(fit_line, study, concurrency=concurrency))
 
 
 def _row_context(study: Study, meta: dict[str, Any]) -> dict[str, Any]:
@@ -250,26 +227,11 @@ def _drive(study: Study, out: Path, mirror: Mirror, base_data: TrialData, train_
            on_cluster: bool = False, estimate: StudyEstimate | None = None) -> dict[str, Any]:
     """Runs the trials on the connected Ray and writes ``out`` (records, tables); returns the fit's timing.
 
-    With ``dashboard`` a search also gets optuna-dashboard on its ``optuna.db`` while the trials run.
+    With ``dashboard`` a search also gets optuna-dashboard on its ``optuna.db`` while the trials run. The phases:
+    claim the study folder, plan the trials, build (or restore) the Tuner, fit, write the tables.
     """
-    from ray import tune
-    from ray.tune.schedulers import FIFOScheduler
-
-    out.mkdir(parents=True, exist_ok=True)
-    if not resume:  # (a resume that raises the budget rewrites it in _check_resume)
-        atomic_write_text(out / STUDY_FILE, _study_file_text(study))
-    concurrency = _concurrency(study)  # before anything is scheduled: a request no node can meet would hang
-    _write_environment(out)
-    mirror.push(force=True)  # the study is claimed in storage before its first trial
-    workers = study.resources.workers_per_trial
-    # Ray Data shards the windows of data-parallel trials and streams them to the trials of a streaming study; a
-    # one-process trial otherwise shuffles the windows it already holds
-    stream = study.dataset["stream"]
-    if stream:
-        train_ds, shuffle_rows = streamed_dataset(train_table), STREAM_SHUFFLE_ROWS
-    else:
-        train_ds = materialized_dataset(train_table) if workers > 1 else None
-        shuffle_rows = max(1, train_table.num_rows)
+    concurrency = _claim(study, out, mirror, resume)
+    train_ds, shuffle_rows = _training_dataset(study, train_table)
     storage_url = f"sqlite:///{out / OPTUNA_FILE}"
     clock = StudyClock(out, 0 if points is not None else study.budget.time_budget_s).start_session()
     checkpoint_every, max_failures = study.checkpoint.resolve(on_cluster, estimate.checkpoint_every()
@@ -278,55 +240,72 @@ def _drive(study: Study, out: Path, mirror: Mirror, base_data: TrialData, train_
         line = fit_line(study, estimate.epoch_s, concurrency)
         if line:
             print(line, flush=True)
-    plan = TrialPlan(model=study.model, base_settings=_base_settings(study),
-                     threads=max(1, math.floor(study.resources.cpu)),
-                     measure_efficiency=bool(study.settings().get("measure_efficiency", True)),
-                     records_dir=str(out / RECORDS_DIR), shuffle_rows=shuffle_rows, stream=stream,
-                     recorded=read_records(out / RECORDS_DIR) if resume else None,
-                     workers=workers, cpu=study.resources.cpu,
-                     gpu=study.resources.gpu, checkpoint_every=checkpoint_every, checkpoint_keep=study.checkpoint.keep,
-                     models_dir=None if on_cluster else str(out / MODELS_DIR))
-    trial_function = data_parallel_trial if plan.workers > 1 else sweep_trial
-    trainable = tune.with_parameters(trial_function, plan=plan, data=base_data, train_ds=train_ds)
-    if plan.workers > 1:
-        # The Tune trial only drives the TorchTrainer, whose workers reserve the CPUs/GPUs themselves; Tune
-        # refuses an empty request, so the driver asks for one byte of memory (no CPU a worker would miss).
-        trainable = tune.with_resources(trainable, tune.PlacementGroupFactory([{"CPU": 0, "memory": 1}]))
-    else:
-        trainable = tune.with_resources(trainable, {"cpu": study.resources.cpu, "gpu": study.resources.gpu})
+    plan = _trial_plan(study, out, shuffle_rows, resume=resume, on_cluster=on_cluster,
+                       checkpoint_every=checkpoint_every)
+    trainable = make_trainable(study, plan, base_data, train_ds)
     # The study is read from its own records, never from Tune's ResultGrid, whose per-trial files may be missing
     # (a trial killed mid-write) or looked up under a study folder's earlier path; its warnings would only confuse
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
     if resume:
-        # errored trials start again too: one whose record holds its failure replays it at once (replay_recorded),
-        # one whose process was lost (the study stopped under it) trains again, from its last checkpoint if any
-        tuner = tune.Tuner.restore(str(out / TUNE_DIR), trainable=trainable, resume_unfinished=True,
-                                   resume_errored=True, restart_errored=False)
-        _relocate(tuner, out, mirror, storage_url, clock, study, quiet, estimate, concurrency)
+        tuner = restore_tuner(study, out, mirror, trainable, storage_url, clock, quiet, estimate, concurrency)
     else:
-        recorder = SweepRecorder(str(out), _row_context(study, base_data.meta), mirror, clock)
-        if points is None:
-            # the study's time budget is the clock's (study.search.budget), not Tune's, which drops the trials it stops
-            search = dict(search_alg=make_searcher(study, storage_url, concurrency), scheduler=make_scheduler(study),
-                          num_samples=study.budget.num_samples)
-        else:  # fixed points: as many at once as the sweep runs, each to its full budget (no ASHA, no time budget)
-            search = dict(search_alg=fixed_points_search(points, concurrency),
-                          scheduler=FIFOScheduler(), num_samples=len(points))
-        tuner = tune.Tuner(
-            trainable,
-            param_space=None if points is None else points_space(points),
-            tune_config=tune.TuneConfig(**search, reuse_actors=True),
-            run_config=tune.RunConfig(name=TUNE_DIR, storage_path=str(out), stop=clock,
-                                      callbacks=[recorder, *tracking_callbacks(study.tracking, _base_settings(study))],
-                                      checkpoint_config=tune.CheckpointConfig(num_to_keep=study.checkpoint.keep),
-                                      failure_config=tune.FailureConfig(max_failures=max_failures),
-                                      progress_reporter=_progress_reporter(study, estimate, concurrency),
-                                      verbose=0 if quiet else 1),
-        )
+        tuner = make_tuner(study, out, mirror, trainable, storage_url, clock,
+                           row_context=_row_context(study, base_data.meta), base_settings=_base_settings(study),
+                           points=points, quiet=quiet, estimate=estimate, concurrency=concurrency,
+                           max_failures=max_failures)
     board = OptunaDashboard(storage_url).start() if dashboard and points is None else None
     if board is not None:
         print(board.line(), flush=True)
     fit_started = time.time()
+    _fit(tuner, clock, mirror, board)
+    fit_wall = time.time() - fit_started
+    _write_results(study, out, mirror, base_data.meta, storage_url, points)
+    return {"fit_wall_s": fit_wall, "fit_started_at": fit_started, "meta": base_data.meta}
+
+
+def _claim(study: Study, out: Path, mirror: Mirror, resume: bool) -> int:
+    """The study folder written (study file, environment) and claimed in storage before the first trial; returns
+    how many trials run at once."""
+    out.mkdir(parents=True, exist_ok=True)
+    if not resume:  # (a resume that raises the budget rewrites it in _check_resume)
+        atomic_write_text(out / STUDY_FILE, _study_file_text(study))
+    concurrency = _concurrency(study)  # before anything is scheduled: a request no node can meet would hang
+    _write_environment(out)
+    mirror.push(force=True)  # the study is claimed in storage before its first trial
+    return concurrency
+
+
+def _training_dataset(study: Study, train_table: Any) -> tuple[Any, int]:
+    """The Ray Dataset of training windows for the trials that read one (``None`` otherwise), and the rows a
+    trial's shuffle mixes at once."""
+    # Ray Data shards the windows of data-parallel trials and streams them to the trials of a streaming study; a
+    # one-process trial otherwise shuffles the windows it already holds
+    stream = study.dataset["stream"]
+    if stream:
+        train_ds, shuffle_rows = streamed_dataset(train_table), STREAM_SHUFFLE_ROWS
+    else:
+        train_ds = materialized_dataset(train_table) if study.resources.workers_per_trial > 1 else None
+        shuffle_rows = max(1, train_table.num_rows)
+    return train_ds, shuffle_rows
+
+
+def _trial_plan(study: Study, out: Path, shuffle_rows: int, *, resume: bool, on_cluster: bool,
+                checkpoint_every: int) -> TrialPlan:
+    """What every trial is given: its settings, resources, checkpoints, where it records, and (on a resume) the
+    records of the trials that already ended."""
+    return TrialPlan(model=study.model, base_settings=_base_settings(study),
+                     threads=max(1, math.floor(study.resources.cpu)),
+                     measure_efficiency=bool(study.settings().get("measure_efficiency", True)),
+                     records_dir=str(out / RECORDS_DIR), shuffle_rows=shuffle_rows, stream=study.dataset["stream"],
+                     recorded=read_records(out / RECORDS_DIR) if resume else None,
+                     workers=study.resources.workers_per_trial, cpu=study.resources.cpu,
+                     gpu=study.resources.gpu, checkpoint_every=checkpoint_every, checkpoint_keep=study.checkpoint.keep,
+                     models_dir=None if on_cluster else str(out / MODELS_DIR))
+
+
+def _fit(tuner: Any, clock: StudyClock, mirror: Mirror, board: OptunaDashboard | None) -> None:
+    """The trials' run. A Ctrl-C or a crash first pushes what finished to storage, so that ``--resume`` works from
+    anywhere; the clock is saved and the dashboard stopped however the run ends."""
     try:
         with TuneMessages() as tune_messages:
             tuner.fit()
@@ -341,90 +320,19 @@ def _drive(study: Study, out: Path, mirror: Mirror, base_data: TrialData, train_
         clock.save()
         if board is not None:
             board.stop()
-    fit_wall = time.time() - fit_started
+
+
+def _write_results(study: Study, out: Path, mirror: Mirror, meta: dict[str, Any], storage_url: str,
+                   points: list[dict[str, Any]] | None) -> None:
+    """The tables, rebuilt from the trials' records, and pushed to storage. A search's Optuna trials that Tune
+    never finished are closed first, and each record learns its Optuna trial number."""
     records = read_records(out / RECORDS_DIR)
     numbers = close_orphans(storage_url, study.name, records, list(study.objectives)) if points is None else {}
     for trial_id, number in numbers.items():
         if trial_id in records:
             records[trial_id]["optuna_number"] = number
-    write_tables(out, _row_context(study, base_data.meta), records)
+    write_tables(out, _row_context(study, meta), records)
     mirror.push(force=True)
-    return {"fit_wall_s": fit_wall, "fit_started_at": fit_started, "meta": base_data.meta}
-
-
-class TuneMessages(logging.Filter):
-    """Keeps Tune's messages about failed and interrupted runs off the console, noticing the interruption.
-
-    * A failed trial: Tune logs its whole traceback, then "Trials did not complete". The sweep's own records say
-      which trial failed and why (``trials/<id>.json``, the summary's failure lines), and the traceback stays in
-      the trial's ``error.txt`` under ``tune/``.
-    * Ctrl-C: Tune stops the trials, saves the experiment state and returns from ``fit()`` normally, after two
-      warnings (one naming ``Tuner.restore``, which is not how this platform resumes). ``interrupted`` records it,
-      and the sweep then ends the way any Ctrl-C ends a command (:func:`study.cli.run_command`): one line naming
-      ``--resume``, exit code 130.
-    * Frequent snapshots: with ``checkpoint.every`` small and short epochs, Tune saves its experiment state at each
-      checkpoint (it must, to keep only ``checkpoint.keep`` of them) and warns that this happens often, advising
-      settings the study sets on purpose. Likewise its "performance bottleneck" timings of its own loop.
-    * The study's time budget: its clock (:mod:`study.search.budget`) stops Tune with the signal Tune reads as
-      Ctrl-C, so ``interrupted`` is also set then; the driver tells the two apart by the clock.
-    """
-
-    INTERRUPTED = ("Stop signal received", "Experiment has been interrupted", "Training has been interrupted")
-    FAILED = ("Trial task failed for trial", "Trials did not complete")
-    NOISE = ("Experiment state snapshotting has been triggered multiple times",)
-    # Tune times its own loop and warns when a step of it is slow; on a machine whose cores all train trials the
-    # driver's loop is slow by design, and the warning advises settings (report less often) the study needs as set
-    SLOW_LOOP = "may be a performance bottleneck"
-    LOGGERS = ("ray.tune.tune", "ray.tune.execution.tune_controller", "ray.tune.execution.experiment_state",
-               "ray.tune.utils.util")
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.interrupted = False
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = str(record.msg)
-        if message.startswith(self.INTERRUPTED):
-            self.interrupted = True
-            return False
-        return not message.startswith(self.FAILED + self.NOISE) and self.SLOW_LOOP not in record.getMessage()
-
-    def __enter__(self) -> TuneMessages:
-        for name in self.LOGGERS:
-            logging.getLogger(name).addFilter(self)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for name in self.LOGGERS:
-            logging.getLogger(name).removeFilter(self)
-
-
-def _relocate(tuner: Any, out: Path, mirror: Mirror, storage_url: str, clock: StudyClock, study: Study,
-              quiet: bool, estimate: StudyEstimate | None, concurrency: int) -> None:
-    """Point the restored recorder and searcher at this session's study folder, clock and budget.
-
-    ``Tuner.restore`` unpickles them with the paths of the session that started the study, which may have run in
-    another folder or on another machine, and with that session's budget: a resume may give the study more time
-    or samples. Ray keeps the restored configs on its internal tuner (no public accessor), so a Ray that moved
-    them fails here loudly rather than writing to the old paths.
-    """
-    internal = tuner._local_tuner
-    run_config = internal.get_run_config()
-    recorders = [c for c in run_config.callbacks or [] if isinstance(c, SweepRecorder)]
-    if not recorders:
-        raise RuntimeError("the restored Tune run has no SweepRecorder; cannot resume this study here")
-    for recorder in recorders:
-        recorder.out_dir, recorder.mirror, recorder.clock = str(out), mirror, clock
-    run_config.stop = clock
-    # the console of a resumed study is this session's too: Tune's classic output with the study's short lines
-    run_config.progress_reporter = _progress_reporter(study, estimate, concurrency)
-    run_config.verbose = 0 if quiet else 1
-    search = internal._tune_config.search_alg
-    if isinstance(search, StudySamples):
-        search.num_samples = study.budget.num_samples
-    searcher = study_searcher(search)
-    if searcher is not None:  # fixed points (replicates) have no searcher to move
-        searcher.relocate(storage_url)
 
 
 def _outcome(study: Study, out: Path, mirror: Mirror, fit: dict[str, Any],

@@ -151,9 +151,55 @@ def _resolve_objectives(data: dict, errors: ConfigErrors) -> dict[str, str]:
 
 def resolve(data: dict[str, Any], *, source: Path | None = None, lines: dict[tuple, int] | None = None,
             overridden: set[tuple] | None = None, check_machine: bool = True) -> Study:
-    """Validate every section of a parsed study; report all problems together, each naming its key."""
+    """Validate every section of a parsed study; report all problems together, each naming its key.
+
+    Each phase below reads one part of the study and adds its problems to ``errors`` instead of raising, so that one
+    run reports them all; a phase whose input was bad goes on with a default, so the later phases still check.
+    """
     errors = ConfigErrors(source, lines or {}, overridden or set())
     overridden = overridden or set()
+    _check_sections(data, errors)
+    name, model = _read_name_and_model(data, errors)
+    dataset = resolve_dataset(data, errors, source, streamable=True)
+    protocol, fixed, search_spec, budget_in, seeds_in = [
+        read_section(data, section, errors) for section in ("protocol", "fixed", "search", "budget", "seeds")]
+    _merge_aliases(fixed, {"budget": budget_in, "seeds": seeds_in}, overridden, errors)
+    protocol, fixed = _read_settings(model, protocol, fixed, errors)
+    search = _read_search(model, search_spec, fixed, errors)
+    kinds = {p.kind for p in search.values()}
+    objectives = _resolve_objectives(data, errors)
+
+    grid_size = math.prod(len(p.values) for p in search.values()) if kinds == {"grid"} else 0
+    notes: list[str] = []  # what a shortened budget changed, printed as one line (see Study.adaptation)
+    budget = read_budget(budget_in, errors, default_epochs=TrainConfig.max_epochs, grid_size=grid_size, notes=notes)
+    seeds = _read_seeds(seeds_in, search, errors)
+    scheduler = read_scheduler(data, objectives, errors)
+    if scheduler is not None:
+        scheduler, note = scheduler.fit(budget)
+        notes += [note] if note else []
+    resources = read_resources(data, errors, check_machine=check_machine)
+    sampler = _read_sampler(data, kinds, errors)
+    searcher = read_searcher(data, errors, sampler=_sampler_kind(sampler, kinds),
+                             choice_counts=[len(p.values) for p in search.values() if p.kind == "choice"],
+                             num_samples=budget.num_samples, notes=notes)
+    _fit_trial_time_budget(fixed, budget, notes)
+    storage, storage_uri = _read_storage(data, name, errors)
+
+    study = Study(name=str(name), model=str(model), dataset=dataset, protocol=protocol, fixed=fixed, search=search,
+                  objectives=objectives, budget=budget, scheduler=scheduler, resources=resources, sampler=sampler,
+                  searcher=searcher, seeds=seeds, storage=storage, storage_uri=storage_uri, source=source,
+                  adaptation="; ".join(notes), checkpoint=read_checkpoints(data, errors),
+                  tracking=read_tracking(data, errors, study_name=str(name)))
+    if model is not None:  # the checks across sections need the model's keys
+        check_combinations(study, errors)
+    if errors.items:
+        raise StudyConfigError(errors.items)
+    return study
+
+
+def _check_sections(data: dict[str, Any], errors: ConfigErrors) -> None:
+    """Every top-level key is a known section and the required ones are there: a misspelt section would otherwise
+    be ignored and the study run with its defaults."""
     for key in data:
         if key not in SECTIONS:
             errors.add((key,), f"unknown section; a study has {', '.join(SECTIONS)}")
@@ -161,6 +207,10 @@ def resolve(data: dict[str, Any], *, source: Path | None = None, lines: dict[tup
         if data.get(key) is None:
             errors.add((key,), "required")
 
+
+def _read_name_and_model(data: dict[str, Any], errors: ConfigErrors) -> tuple[Any, str | None]:
+    """The study's name (a folder name: results go under it) and its model; an unknown model is ``None``, which
+    tells the later phases to skip the checks that need the model's keys."""
     name = data.get("name")
     if name is not None and (not isinstance(name, str) or not NAME_PATTERN.match(name)):
         errors.add(("name",), f"must be a folder-safe name (letters, digits, . _ -), got {name!r}")
@@ -168,17 +218,16 @@ def resolve(data: dict[str, Any], *, source: Path | None = None, lines: dict[tup
     if model is not None and model not in models.available():
         errors.add(("model",), f"unknown model {model!r}; known: {', '.join(models.available())}")
         model = None
-    dataset = resolve_dataset(data, errors, source, streamable=True)
+    return name, model
 
-    protocol = read_section(data, "protocol", errors)
-    fixed = read_section(data, "fixed", errors)
-    search_spec = read_section(data, "search", errors)
-    budget_in = read_section(data, "budget", errors)
-    seeds_in = read_section(data, "seeds", errors)
 
-    # Settings given in two places (budget.max_epochs / fixed.max_epochs, seeds.train / fixed.seed).
+def _merge_aliases(fixed: dict[str, Any], homes: dict[str, dict[str, Any]], overridden: set[tuple],
+                   errors: ConfigErrors) -> None:
+    """Settings given in two places (budget.max_epochs / fixed.max_epochs, seeds.train / fixed.seed) moved to
+    one home, ``homes[section]``, in place. A ``--set`` of either wins over the file; both in the file is an
+    error. Errors about the moved value still name the line the user wrote (``errors.alias``)."""
     for (section_a, key_a), (section_b, key_b) in ALIASES.items():
-        a_in = {"budget": budget_in, "seeds": seeds_in}[section_a]
+        a_in = homes[section_a]
         if key_a in a_in and key_b in fixed:
             a_set, b_set = (section_a, key_a) in overridden, (section_b, key_b) in overridden
             if a_set and not b_set:  # the command line wins over the file
@@ -192,6 +241,13 @@ def resolve(data: dict[str, Any], *, source: Path | None = None, lines: dict[tup
             a_in[key_a] = fixed.pop(key_b)
             errors.alias[(section_a, key_a)] = (section_b, key_b)
 
+
+def _read_settings(model: str | None, protocol: dict[str, Any], fixed: dict[str, Any],
+                   errors: ConfigErrors) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``protocol`` and ``fixed`` checked against the protocol keys and the model's keys, and their values typed.
+
+    Only the valid keys are kept. Without a known model only ``protocol`` can be filtered, and nothing is typed.
+    """
     if model is not None:
         known = _known_keys(model)
         for key in protocol:
@@ -215,7 +271,13 @@ def resolve(data: dict[str, Any], *, source: Path | None = None, lines: dict[tup
                 except ConfigError as error:
                     errors.add((section_name, key), error.errors[0][1])
                     del section[key]
+    return protocol, fixed
 
+
+def _read_search(model: str | None, search_spec: dict[str, Any], fixed: dict[str, Any],
+                 errors: ConfigErrors) -> dict[str, SearchParam]:
+    """The ``search:`` distributions, one per searchable key. Protocol keys, execution settings, the epoch budget
+    and fixed keys are refused, each with the reason; grid keys cannot be mixed with sampled ones."""
     search: dict[str, SearchParam] = {}
     if model is not None:
         known = _known_keys(model)
@@ -243,25 +305,21 @@ def resolve(data: dict[str, Any], *, source: Path | None = None, lines: dict[tup
         mixed = sorted(k for k, p in search.items() if p.kind != "grid")
         errors.add(("search",), f"grid cannot be combined with sampled keys ({', '.join(mixed)}): a grid is "
                                 "enumerated exhaustively, the others are drawn by TPE; use choice instead of grid")
+    return search
 
-    objectives = _resolve_objectives(data, errors)
 
-    grid_size = math.prod(len(p.values) for p in search.values()) if kinds == {"grid"} else 0
-    notes: list[str] = []  # what a shortened budget changed, printed as one line (see Study.adaptation)
-    budget = read_budget(budget_in, errors, default_epochs=TrainConfig.max_epochs, grid_size=grid_size, notes=notes)
-
+def _read_seeds(seeds_in: dict[str, Any], search: dict[str, SearchParam], errors: ConfigErrors) -> dict[str, int]:
+    """The sampler's and the trainer's seeds; a fixed training seed contradicts a searched ``seed``."""
     check_keys(seeds_in, "seeds", ("sampler", "train"), errors)
     seeds = {"sampler": typed(seeds_in, "seeds", "sampler", int, errors, 0),
              "train": typed(seeds_in, "seeds", "train", int, errors, TrainConfig.seed)}
     if "train" in seeds_in and "seed" in search:
         errors.add(("seeds", "train"), "seed is searched; drop seeds.train")
+    return seeds
 
-    scheduler = read_scheduler(data, objectives, errors)
-    if scheduler is not None:
-        scheduler, note = scheduler.fit(budget)
-        notes += [note] if note else []
-    resources = read_resources(data, errors, check_machine=check_machine)
 
+def _read_sampler(data: dict[str, Any], kinds: set[str], errors: ConfigErrors) -> str:
+    """The sampler, which must fit the search: a grid is enumerated by the grid sampler, and only a grid can be."""
     sampler = data.get("sampler", "auto") or "auto"
     if sampler not in SAMPLERS:
         errors.add(("sampler",), f"must be one of {', '.join(SAMPLERS)}, got {sampler!r}")
@@ -270,27 +328,17 @@ def resolve(data: dict[str, Any], *, source: Path | None = None, lines: dict[tup
         errors.add(("sampler",), "sampler grid needs every searched key to be a grid: distribution")
     if kinds == {"grid"} and sampler not in ("auto", "grid"):
         errors.add(("sampler",), f"a grid search is enumerated by the grid sampler, not {sampler}")
-    searcher = read_searcher(data, errors, sampler=_sampler_kind(sampler, kinds),
-                             choice_counts=[len(p.values) for p in search.values() if p.kind == "choice"],
-                             num_samples=budget.num_samples, notes=notes)
-    _fit_trial_time_budget(fixed, budget, notes)
+    return sampler
 
+
+def _read_storage(data: dict[str, Any], name: Any, errors: ConfigErrors) -> tuple[Path, str | None]:
+    """Where the study's results go; a bad ``storage:`` is reported and the default folder stands in, so that the
+    :class:`Study` can still be built for the checks across sections."""
     try:
-        storage, storage_uri = resolve_storage(data.get("storage"), str(name or "study"))
+        return resolve_storage(data.get("storage"), str(name or "study"))
     except UserError as error:
         errors.add(("storage",), str(error))
-        storage, storage_uri = resolve_storage(None, str(name or "study"))
-
-    study = Study(name=str(name), model=str(model), dataset=dataset, protocol=protocol, fixed=fixed, search=search,
-                  objectives=objectives, budget=budget, scheduler=scheduler, resources=resources, sampler=sampler,
-                  searcher=searcher, seeds=seeds, storage=storage, storage_uri=storage_uri, source=source,
-                  adaptation="; ".join(notes), checkpoint=read_checkpoints(data, errors),
-                  tracking=read_tracking(data, errors, study_name=str(name)))
-    if model is not None:
-        check_combinations(study, errors)
-    if errors.items:
-        raise StudyConfigError(errors.items)
-    return study
+        return resolve_storage(None, str(name or "study"))
 
 
 def _sampler_kind(sampler: str, kinds: set[str]) -> str:

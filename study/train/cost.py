@@ -17,8 +17,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from study.train.batches import batch_user_ids, epoch_windows, user_batches
+from study.train.config import TrainConfig
+from study.train.metrics import evaluate
 from study.train.objectives import cloze_samples_per_window, computed_positions
 from study.train.step import TrainStep
+from study.train.trial_data import TrialData
 
 PADDING_HINT = 0.5  # above this share of padded positions, the line suggests a shorter max_len
 
@@ -106,6 +110,25 @@ def estimate_epoch(step: TrainStep, batches: list[tuple[np.ndarray, torch.Tensor
     return EpochCost(windows=windows, steps=len(batches), tokens=tokens, real_tokens=real,
                      computed_tokens=sum(computed), step_s=float(np.mean(timings)), max_len=largest.shape[1] - 1,
                      median_length=median_length, overhead_s=overhead_s)
+
+
+def epoch_cost(step: TrainStep, data: TrialData, train_cfg: TrainConfig, device: torch.device) -> EpochCost:
+    """The cost of one epoch of this trial, as the trainer runs it: the data loader drawing the epoch's windows,
+    the training steps, and the validation pass over every user (its batches drawn with a separate generator:
+    training is unchanged)."""
+    rng = np.random.default_rng(train_cfg.seed)
+    started = time.perf_counter()
+    batches = [(windows, batch_user_ids(step.model, users, device)) for windows, users in
+               epoch_windows(data, user_batches(data.train, train_cfg.batch_size, rng), step.objective, train_cfg, rng)]
+    loader_s = time.perf_counter() - started
+    started = time.perf_counter()
+    with torch.no_grad():
+        evaluate(step.model, data.valid, batch_size=train_cfg.eval_batch_size, device=device,
+                 mask_history=train_cfg.mask_history, trim=train_cfg.trim_padding)
+    validation_s = time.perf_counter() - started
+    return estimate_epoch(step, batches, device, float(data.meta.get("length", {}).get("median", float("nan"))),
+                          overhead_s=loader_s + validation_s)
+
 
 
 def _si(count: float) -> str:

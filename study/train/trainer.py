@@ -6,7 +6,9 @@ Flow: prepared dataset → :class:`TrialData` (numpy windows cropped to the mode
 chosen objective → validation metrics each epoch → early stopping on ``selection_metric`` (NDCG@10 by default). Test
 metrics are computed whenever validation improves, so the reported test figures always belong to the best-validation
 epoch — even if a scheduler stops the trial early — and are never used to select anything. A per-epoch callback
-receives an :class:`EpochReport`; Ray Tune hooks in there.
+receives an :class:`EpochReport`; Ray Tune hooks in there. :func:`run_trial` calls the phases of one trial (build,
+resume, epochs, result row), each a method of :class:`_Trial`. The data it reads is :mod:`study.train.trial_data`'s
+and the epoch's batches are :mod:`study.train.batches`'; this module re-exports both modules' names.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ import copy
 import random
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,6 +32,7 @@ import models
 from models import ConfigError, SeqRecModel
 from study.errors import UserError, print_error
 from study.train import efficiency
+from study.train.batches import batch_user_ids, epoch_windows, user_batches
 from study.train.config import (
     SELECTION_METRIC,
     TrainConfig,
@@ -35,14 +40,9 @@ from study.train.config import (
     read_settings_file,
     split_settings,
 )
-from study.train.cost import EpochCost, estimate_epoch
-from study.train.metrics import EvalSplit, NonFiniteScores, evaluate, popularity_metrics, sample_negatives
-from study.train.objectives import (
-    history_prefix_windows,
-    history_windows,
-    resolve_cloze_window_step,
-    resolve_objective,
-)
+from study.train.cost import epoch_cost
+from study.train.metrics import NonFiniteScores, evaluate, popularity_metrics, sample_negatives
+from study.train.objectives import resolve_cloze_window_step, resolve_objective
 from study.train.padding import trims_padding
 from study.train.results import make_result, to_json_line
 from study.train.state import (
@@ -55,62 +55,7 @@ from study.train.state import (
     restore_rng,
 )
 from study.train.step import NonFiniteLoss, TrainStep
-
-
-@dataclass
-class TrialData:
-    """Everything a trial reads, as numpy arrays already cropped to one ``max_len``."""
-
-    meta: dict
-    train: np.ndarray  # (U, max_len + 1) left-padded windows of training items
-    valid: EvalSplit
-    test: EvalSplit
-    item_popularity: np.ndarray  # (num_items + 1,) training counts
-
-    @property
-    def num_items(self) -> int:
-        return int(self.meta["num_items"])
-
-    @classmethod
-    def from_prepared(cls, path: str | Path, max_len: int, train_rows: int | None = None) -> TrialData:
-        """``train_rows=n`` keeps only the first n users' training windows (a streaming trial's probe sample)."""
-        from study.data import load_prepared
-
-        dataset = load_prepared(path, train_rows)
-        stored = dataset.train.shape[1] - 1
-        if max_len > stored:
-            raise UserError(f"max_len={max_len} exceeds the {stored} items per window stored in {path}; "
-                            f"prepare the dataset with --max-len {max_len} or more")
-        indptr = np.asarray(dataset.history_indptr, dtype=np.int64)
-        indices = np.asarray(dataset.history_indices, dtype=np.int64)
-        lengths = np.diff(indptr)
-
-        def split(windows: np.ndarray, held_out: int) -> EvalSplit:
-            cropped = np.ascontiguousarray(windows[:, -(max_len + 1):])
-            return EvalSplit(inputs=cropped[:, :-1], targets=cropped[:, -1].astype(np.int64),
-                             history_items=indices, history_starts=indptr[:-1], history_lengths=lengths - held_out)
-
-        return cls(meta=dataset.meta, train=np.ascontiguousarray(dataset.train[:, -(max_len + 1):]),
-                   valid=split(dataset.valid, 2), test=split(dataset.test, 1),
-                   item_popularity=dataset.item_popularity("train"))
-
-    @property
-    def width(self) -> int:
-        """Items per input window (the ``max_len`` these arrays were cut for)."""
-        return self.train.shape[1] - 1
-
-    def cropped(self, max_len: int) -> TrialData:
-        """The same data cut to a shorter ``max_len`` (the newest items kept); copies, so the arrays are writable."""
-        if max_len > self.width:
-            raise UserError(f"max_len={max_len} exceeds the {self.width} items per window of this data")
-
-        def crop(split: EvalSplit) -> EvalSplit:
-            return EvalSplit(inputs=np.array(split.inputs[:, -max_len:]), targets=split.targets,
-                             history_items=split.history_items, history_starts=split.history_starts,
-                             history_lengths=split.history_lengths)
-
-        return TrialData(meta=self.meta, train=np.array(self.train[:, -(max_len + 1):]), valid=crop(self.valid),
-                         test=crop(self.test), item_popularity=self.item_popularity)
+from study.train.trial_data import TrialData
 
 
 @dataclass
@@ -154,19 +99,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-Batch = tuple[np.ndarray, np.ndarray | None]  # (windows (B, L + 1), their user ids (B,) or None)
-
-
-def user_batches(windows: np.ndarray, batch_size: int, rng: np.random.Generator) -> Iterable[Batch]:
-    """Shuffled batches of user windows that hold at least one (input, target) pair, with their user ids
-    (rows of the prepared windows are users 0..U-1)."""
-    trainable = np.flatnonzero((windows[:, :-1] > 0).any(1) & (windows[:, -1] > 0))
-    order = rng.permutation(trainable)
-    for start in range(0, len(order), batch_size):
-        rows = order[start:start + batch_size]
-        yield windows[rows], rows
-
-
 def with_user_count(model_name: str, model_hparams: dict, meta: dict) -> dict:
     """Add ``num_users`` from the dataset for models that read user ids; a different value given by hand is an error."""
     if not models.model_class(model_name).needs_users:
@@ -176,29 +108,6 @@ def with_user_count(model_name: str, model_hparams: dict, meta: dict) -> dict:
         raise UserError(f"num_users={model_hparams['num_users']} but {meta.get('name', 'the dataset')} has "
                         f"{num_users} users; set it to {num_users} (or leave it unset: the trainer sizes it)")
     return {**model_hparams, "num_users": num_users}
-
-
-def epoch_windows(data: TrialData, users: Iterable[Batch | np.ndarray], objective: str, train_cfg: TrainConfig,
-                  rng: np.random.Generator) -> Iterator[Batch]:
-    """One epoch's training batches as ``(windows, user ids or None)``. Most objectives train on the user windows
-    as they come (a source without user ids, such as a Ray Data shard, yields bare windows). ``last``, and
-    ``cloze`` with a non-zero ``cloze_window_step`` (``train_cfg`` holds resolved settings: ``None`` is cloze's
-    default, not 0), build their windows from every user's whole training history, which every trial holds in
-    ``data`` (the validation split's histories end right before the validation target), so they never read
-    ``users``.
-    """
-    histories = data.valid
-    max_len = data.train.shape[1] - 1
-    if objective == "last":
-        yield from history_prefix_windows(histories.history_items, histories.history_starts,
-                                          histories.history_lengths, max_len, train_cfg.prefixes_per_user,
-                                          train_cfg.batch_size, rng, with_users=True)
-    elif objective == "cloze" and train_cfg.cloze_window_step:
-        yield from history_windows(histories.history_items, histories.history_starts, histories.history_lengths,
-                                   max_len, train_cfg.cloze_window_step, train_cfg.batch_size, rng, with_users=True)
-    else:
-        for batch in users:
-            yield batch if isinstance(batch, tuple) else (batch, None)
 
 
 def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | None = None, *,
@@ -211,198 +120,283 @@ def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | No
     given, yields the epoch's user windows (e.g. from a Ray Data shard) instead of the in-memory shuffle.
     ``resume_from`` continues after the epoch a :class:`~study.train.state.TrainingState` was taken at (each
     report's ``snapshot()``), with the same settings: the result equals that of a run never stopped.
+
+    The phases are the methods of :class:`_Trial`, called here in order: build, resume, the epochs, the result row.
     """
+    # the clock starts before anything is built; a resumed trial's wall time includes its earlier epochs
     started = time.perf_counter() - (resume_from.elapsed_s if resume_from else 0.0)
-    train_cfg, model_hparams = split_settings(model_name, settings or {})
+    trial = _Trial(model_name, data, settings or {}, started=started, train_batches=train_batches)
+    if resume_from is not None:
+        trial.resume(resume_from)
+    interrupted = trial.run_epochs(callback, progress)
+    return trial.result_row(interrupted)
+
+
+def _fit_to_model(model_name: str, data: TrialData | str | Path, settings: dict) -> tuple[TrainConfig, dict, TrialData]:
+    """The settings split into trainer and model keys, and the data cut to the model's ``max_len``.
+
+    Windows prepared for a longer model keep each one's newest ``max_len`` items. ``num_items`` (and ``num_users``,
+    for a model that reads user ids) come from the data, so that the model's embeddings fit it.
+    """
+    train_cfg, model_hparams = split_settings(model_name, settings)
     max_len = model_hparams.get("max_len", models.model_class(model_name).config_class.max_len)
     if not isinstance(data, TrialData):
         data = TrialData.from_prepared(data, max_len)
-    elif data.width > max_len:  # windows prepared for a longer model: keep each one's newest max_len items
+    elif data.width > max_len:
         data = data.cropped(max_len)
     model_hparams = with_user_count(model_name, {**model_hparams, "num_items": data.num_items, "max_len": max_len},
                                     data.meta)
-    if train_cfg.num_threads:
-        torch.set_num_threads(train_cfg.num_threads)
-    device = resolve_device(train_cfg.device)
-    seed_everything(train_cfg.seed)
+    return train_cfg, model_hparams, data
 
-    model = models.build(model_name, **model_hparams).to(device)
-    kernels.reset_backend_record()  # the row's kernel_path names this trial's kernels, not an earlier trial's
-    step = TrainStep(model, train_cfg, item_popularity=data.item_popularity)
-    objective = step.objective
-    train_cfg = step.train  # its `auto` settings resolved (padding trim, cloze windows): the row records what ran
-    if train_batches is not None and (objective == "last" or train_cfg.cloze_window_step):
-        # the sweep refuses these studies; a direct call would silently train every worker on every user
-        raise UserError(f"objective {objective!r} with cloze_window_step {train_cfg.cloze_window_step} trains on "
-                        "windows of every user's whole history, not on the batches train_batches gives "
-                        "(set cloze_window_step: 0 to train cloze on those)")
-    rng = np.random.default_rng(train_cfg.seed)
 
-    negatives = {}
-    if train_cfg.eval_mode == "sampled":
-        popularity = data.item_popularity if train_cfg.negative_sampler == "popularity" else None
-        negatives = {name: sample_negatives(split, data.num_items, train_cfg.num_negatives, popularity,
-                                            seed=train_cfg.seed + offset)
-                     for offset, (name, split) in enumerate((("valid", data.valid), ("test", data.test)))}
+def _eval_negatives(data: TrialData, train_cfg: TrainConfig) -> dict[str, np.ndarray]:
+    """Each split's negatives under sampled evaluation (none under full ranking), drawn once per trial from seeds of
+    their own (``seed`` for valid, ``seed + 1`` for test), so that every epoch ranks against the same items."""
+    if train_cfg.eval_mode != "sampled":
+        return {}
+    popularity = data.item_popularity if train_cfg.negative_sampler == "popularity" else None
+    return {name: sample_negatives(split, data.num_items, train_cfg.num_negatives, popularity,
+                                   seed=train_cfg.seed + offset)
+            for offset, (name, split) in enumerate((("valid", data.valid), ("test", data.test)))}
 
-    def score(split_name: str) -> dict[str, float]:
-        split = data.valid if split_name == "valid" else data.test
+
+@dataclass
+class _Standing:
+    """Early stopping's state: the best validation figures so far, that epoch's test figures and weights, and how
+    many epochs since did not beat it. One object, so that Ctrl-C can put back its copy from the last full epoch."""
+
+    valid: dict[str, float] = field(default_factory=dict)
+    test: dict[str, float] = field(default_factory=dict)
+    epoch: int = 0
+    weights: dict | None = None
+    epochs_without_gain: int = 0
+
+
+class _Trial:
+    """One call of :func:`run_trial`: its phases as methods sharing the trial's state (data, model, training step,
+    random generators, early-stopping standing, per-epoch figures), so that each phase reads, and is named, alone.
+
+    The order of the calls is part of a seed's meaning (weights, batches, negatives and masks are all drawn from
+    it), so :func:`run_trial` is the only caller and calls each phase at most once, in order.
+    """
+
+    def __init__(self, model_name: str, data: TrialData | str | Path, settings: dict, *, started: float,
+                 train_batches: Callable[[int], Iterable[np.ndarray]] | None) -> None:
+        """The build: data fitted to the model, the seeded model and its training step, the batch shuffle's
+        generator and the evaluation negatives. A setting the trial cannot honour fails here, before any epoch."""
+        self.model_name, self.started, self.train_batches = model_name, started, train_batches
+        train_cfg, self.model_hparams, self.data = _fit_to_model(model_name, data, settings)
+        if train_cfg.num_threads:
+            torch.set_num_threads(train_cfg.num_threads)
+        self.device = resolve_device(train_cfg.device)
+        seed_everything(train_cfg.seed)
+        self.model = models.build(model_name, **self.model_hparams).to(self.device)
+        kernels.reset_backend_record()  # the row's kernel_path names this trial's kernels, not an earlier trial's
+        self.step = TrainStep(self.model, train_cfg, item_popularity=self.data.item_popularity)
+        self.objective = self.step.objective
+        # its `auto` settings resolved (padding trim, cloze windows): the row records what ran
+        self.train_cfg = train_cfg = self.step.train
+        if train_batches is not None and (self.objective == "last" or train_cfg.cloze_window_step):
+            # the sweep refuses these studies; a direct call would silently train every worker on every user
+            raise UserError(f"objective {self.objective!r} with cloze_window_step {train_cfg.cloze_window_step} "
+                            "trains on windows of every user's whole history, not on the batches train_batches "
+                            "gives (set cloze_window_step: 0 to train cloze on those)")
+        self.rng = np.random.default_rng(train_cfg.seed)
+        self.negatives = _eval_negatives(self.data, train_cfg)
+        self.best = _Standing()
+        self.epoch_times: list[float] = []
+        self.throughputs: list[float] = []
+        self.epochs_run = 0  # the last epoch reported; a resumed trial starts after its state's
+        self.identity = model_identity(model_name, self.model.config.to_dict(), asdict(train_cfg), self.data.meta)
+
+    def resume(self, state: TrainingState) -> None:
+        """Take over a saved state (``resume_from``): weights, optimizer, every generator, early stopping's standing
+        and the per-epoch figures, so that the next epoch is the one an unstopped run would train.
+
+        The state's identity is checked first: a changed model size would otherwise fail in the weights' load with
+        torch's shape error, and a changed training setting would not fail at all.
+        """
+        if changes := identity_changes(state.identity, self.identity):
+            # e.g. a state written before `cloze_window_step` existed does not record it, and today's default trains
+            # on windows over the whole history, not on the newest window it trained on: the continued epochs would
+            # be another run
+            raise UserError(f"the training state of epoch {state.epoch} was written by a run that trained "
+                            f"otherwise: {'; '.join(changes)}. Continuing it would train another configuration than "
+                            "its earlier epochs did; rerun the trial instead")
+        self.model.load_state_dict(state.model)
+        self.step.optimizer.load_state_dict(state.optimizer)
+        restore_rng(state.rng, self.rng, self.step.generator)
+        self.best = _Standing(valid=dict(state.best_valid), test=dict(state.best_test), epoch=state.best_epoch,
+                              weights=state.best_weights, epochs_without_gain=state.epochs_without_gain)
+        self.epoch_times, self.throughputs = list(state.epoch_times), list(state.throughputs)
+        self.epochs_run = state.epoch
+
+    def snapshot(self, epoch: int) -> TrainingState:
+        """The trial's whole state after ``epoch`` (a report's ``snapshot()``): built only when asked, since
+        checkpoints are not taken every epoch; it shares the live model's tensors."""
+        best = self.best
+        return TrainingState(epoch=epoch, model=self.model.state_dict(), optimizer=self.step.optimizer.state_dict(),
+                             rng=capture_rng(self.rng, self.step.generator), best_valid=dict(best.valid),
+                             best_test=dict(best.test), best_epoch=best.epoch, best_weights=best.weights,
+                             epochs_without_gain=best.epochs_without_gain, epoch_times=list(self.epoch_times),
+                             throughputs=list(self.throughputs), elapsed_s=time.perf_counter() - self.started,
+                             identity=self.identity)
+
+    def run_epochs(self, callback: Callable[[EpochReport], None] | None, progress: bool) -> bool:
+        """The epochs, each reported to ``callback``, until ``max_epochs``, early stopping or the trial's time budget;
+        returns whether Ctrl-C ended them.
+
+        Ctrl-C is caught only with ``progress`` (a person at the terminal; inside a sweep Ray owns the signal): the
+        epoch it lands in is dropped and the finished ones make the result. With none finished it goes on up.
+        """
+        bar, steps_per_epoch = self._progress(progress)
+        interrupted = False
+        finished = replace(self.best)  # as of the last full epoch
+        try:
+            for epoch in range(self.epochs_run + 1, self.train_cfg.max_epochs + 1):
+                report = self._epoch(epoch, bar, steps_per_epoch)
+                finished = replace(self.best)
+                self._show(bar, report, steps_per_epoch)
+                if callback is not None:
+                    callback(report)
+                if self._should_stop():
+                    break
+        except KeyboardInterrupt:
+            if not progress:  # inside a sweep, Ray owns the signal
+                raise
+            # Ctrl-C anywhere in an epoch (training, evaluation, reporting): drop that epoch, keep the finished ones
+            self.best = finished
+            interrupted = True
+        bar.close()
+        if interrupted and self.best.weights is None:
+            raise KeyboardInterrupt
+        if interrupted:
+            print(f"interrupted during epoch {self.epochs_run + 1}: the result below is that of the {self.epochs_run} "
+                  "finished epoch(s)", file=sys.stderr, flush=True)
+        return interrupted
+
+    def _progress(self, progress: bool) -> tuple[Any, int | None]:
+        """The progress bar, moved past a resumed trial's epochs, and the steps per epoch when known. A person
+        watching (``progress``) is first told what an epoch will cost, before it is spent; the bar then counts
+        steps, so that a long epoch visibly moves."""
+        steps_per_epoch = None
+        if progress:
+            cost = epoch_cost(self.step, self.data, self.train_cfg, self.device)
+            print(cost.line(self.train_cfg.max_epochs), file=sys.stderr, flush=True)
+            steps_per_epoch = cost.steps
+        bar = _progress_bar(self.train_cfg.max_epochs, steps_per_epoch, self.model_name, progress)
+        bar.update(self.epochs_run * (steps_per_epoch or 1))
+        return bar, steps_per_epoch
+
+    def _epoch(self, epoch: int, bar: Any, steps_per_epoch: int | None) -> EpochReport:
+        """One epoch: train, validate (keeping the best), record its time and throughput; returns its report."""
+        epoch_start = time.perf_counter()
+        total_loss, sequences, steps = self._train(epoch, bar, steps_per_epoch)
+        train_time = time.perf_counter() - epoch_start
+        valid = self._validate(epoch)
+        epoch_time = time.perf_counter() - epoch_start
+        self.epoch_times.append(epoch_time)
+        self.throughputs.append(sequences / train_time if train_time > 0 else float("nan"))
+        best = self.best
+        report = EpochReport(epoch=epoch, train_loss=total_loss / max(steps, 1), valid=valid, best_epoch=best.epoch,
+                             best_valid=best.valid, best_test=best.test, epoch_time_s=epoch_time,
+                             train_time_s=train_time, throughput=self.throughputs[-1],
+                             wall_time_s=time.perf_counter() - self.started, extra=self.model.stats(),
+                             snapshot=partial(self.snapshot, epoch))
+        self.epochs_run = epoch
+        return report
+
+    def _train(self, epoch: int, bar: Any, steps_per_epoch: int | None) -> tuple[float, int, int]:
+        """The epoch's training steps; returns the summed loss, the sequences and the steps. The batches come from
+        ``train_batches`` when given, else from the trial's own seeded shuffle. A non-finite loss fails the trial,
+        naming the epoch and step, so that a diverged run is never mistaken for a weak one."""
+        self.model.train()
+        train_cfg = self.train_cfg
+        users = (self.train_batches(epoch) if self.train_batches
+                 else user_batches(self.data.train, train_cfg.batch_size, self.rng))
+        total_loss, sequences, steps = 0.0, 0, 0
+        for windows, window_users in epoch_windows(self.data, users, self.objective, train_cfg, self.rng):
+            batch = torch.as_tensor(windows, dtype=torch.long, device=self.device)
+            batch_users = batch_user_ids(self.model, window_users, self.device)
+            try:
+                loss = self.step(batch, check_finite=True, users=batch_users)
+            except NonFiniteLoss as error:
+                raise NonFiniteLoss(f"{error} at epoch {epoch}, step {steps + 1}") from None
+            total_loss += loss.item()
+            sequences += len(windows)
+            steps += 1
+            if steps_per_epoch:
+                bar.update(1)
+        return total_loss, sequences, steps
+
+    def _validate(self, epoch: int) -> dict[str, float]:
+        """The epoch's validation metrics, and early stopping's bookkeeping. An epoch that beats the best
+        ``selection_metric`` so far becomes the best: only then is the test split scored and the weights copied, so
+        that the test figures always belong to the best-validation epoch and never select anything."""
+        try:
+            valid = self._score("valid")
+        except NonFiniteScores as error:
+            raise NonFiniteScores(f"validation after epoch {epoch}: {error}") from None
+        best, selection = self.best, self.train_cfg.selection_metric
+        if not best.valid or valid[selection] > best.valid[selection]:
+            best.valid, best.epoch, best.epochs_without_gain = valid, epoch, 0
+            best.test = self._score("test")
+            best.weights = copy.deepcopy(self.model.state_dict())
+        else:
+            best.epochs_without_gain += 1
+        return valid
+
+    def _score(self, split_name: str) -> dict[str, float]:
+        """Metrics on one split (``valid`` or ``test``) with the trial's evaluation protocol."""
+        split = self.data.valid if split_name == "valid" else self.data.test
+        train_cfg = self.train_cfg
         # strict: a model that scores targets NaN/inf fails the trial; such an epoch is never selected nor reported
-        return evaluate(model, split, batch_size=train_cfg.eval_batch_size, device=device,
-                        mask_history=train_cfg.mask_history, negatives=negatives.get(split_name), strict=True,
+        return evaluate(self.model, split, batch_size=train_cfg.eval_batch_size, device=self.device,
+                        mask_history=train_cfg.mask_history, negatives=self.negatives.get(split_name), strict=True,
                         trim=train_cfg.trim_padding)
 
-    selection = train_cfg.selection_metric
-    best_valid: dict[str, float] = {}
-    best_test: dict[str, float] = {}
-    best_epoch, best_state, epochs_without_gain = 0, None, 0
-    epoch_times, throughputs, reports = [], [], []
-    first_epoch = 1
-    identity = model_identity(model_name, model.config.to_dict(), asdict(train_cfg), data.meta)
-    # checked before the weights load, where a changed model size would fail with torch's shape error instead
-    if resume_from is not None and (changes := identity_changes(resume_from.identity, identity)):
-        # e.g. a state written before `cloze_window_step` existed does not record it, and today's default trains on
-        # windows over the whole history, not on the newest window it trained on: the continued epochs would be
-        # another run
-        raise UserError(f"the training state of epoch {resume_from.epoch} was written by a run that trained "
-                        f"otherwise: {'; '.join(changes)}. Continuing it would train another configuration than "
-                        "its earlier epochs did; rerun the trial instead")
-    if resume_from is not None:
-        model.load_state_dict(resume_from.model)
-        step.optimizer.load_state_dict(resume_from.optimizer)
-        restore_rng(resume_from.rng, rng, step.generator)
-        best_valid, best_test = dict(resume_from.best_valid), dict(resume_from.best_test)
-        best_epoch, best_state = resume_from.best_epoch, resume_from.best_weights
-        epochs_without_gain = resume_from.epochs_without_gain
-        epoch_times, throughputs = list(resume_from.epoch_times), list(resume_from.throughputs)
-        first_epoch = resume_from.epoch + 1
+    def _show(self, bar: Any, report: EpochReport, steps_per_epoch: int | None) -> None:
+        """The bar after an epoch: one step when it counts epochs, and the loss, this epoch's and the best
+        ``selection_metric``."""
+        selection = self.train_cfg.selection_metric
+        if not steps_per_epoch:
+            bar.update(1)
+        bar.set_postfix({"epoch": report.epoch, "loss": f"{report.train_loss:.3f}",
+                         selection: f"{report.valid[selection]:.4f}",
+                         "best": f"{report.best_valid[selection]:.4f}@{report.best_epoch}"})
 
-    def snapshot(epoch: int) -> TrainingState:
-        return TrainingState(epoch=epoch, model=model.state_dict(), optimizer=step.optimizer.state_dict(),
-                             rng=capture_rng(rng, step.generator), best_valid=dict(best_valid),
-                             best_test=dict(best_test), best_epoch=best_epoch, best_weights=best_state,
-                             epochs_without_gain=epochs_without_gain, epoch_times=list(epoch_times),
-                             throughputs=list(throughputs), elapsed_s=time.perf_counter() - started,
-                             identity=identity)
+    def _should_stop(self) -> bool:
+        """Whether to stop after this epoch: ``patience`` epochs without a gain, or the trial's ``time_budget_s``
+        spent (checked between epochs, so a started epoch always finishes)."""
+        train_cfg = self.train_cfg
+        if train_cfg.patience and self.best.epochs_without_gain >= train_cfg.patience:
+            return True
+        return bool(train_cfg.time_budget_s and time.perf_counter() - self.started >= train_cfg.time_budget_s)
 
-    steps_per_epoch = None
-    if progress:  # a person is watching: say what an epoch will cost before spending it
-        cost = epoch_cost(step, data, train_cfg, device)
-        print(cost.line(train_cfg.max_epochs), file=sys.stderr, flush=True)
-        steps_per_epoch = cost.steps
-    bar = _progress_bar(train_cfg.max_epochs, steps_per_epoch, model_name, progress)
-    bar.update((first_epoch - 1) * (steps_per_epoch or 1))
-    interrupted = False
-    finished = (best_valid, best_test, best_epoch, best_state, epochs_without_gain)  # as of the last full epoch
-    try:
-        for epoch in range(first_epoch, train_cfg.max_epochs + 1):
-            epoch_start = time.perf_counter()
-            model.train()
-            users = train_batches(epoch) if train_batches else user_batches(data.train, train_cfg.batch_size, rng)
-            total_loss, sequences, steps = 0.0, 0, 0
-            for windows, window_users in epoch_windows(data, users, objective, train_cfg, rng):
-                batch = torch.as_tensor(windows, dtype=torch.long, device=device)
-                batch_users = batch_user_ids(model, window_users, device)
-                try:
-                    loss = step(batch, check_finite=True, users=batch_users)
-                except NonFiniteLoss as error:
-                    raise NonFiniteLoss(f"{error} at epoch {epoch}, step {steps + 1}") from None
-                total_loss += loss.item()
-                sequences += len(windows)
-                steps += 1
-                if steps_per_epoch:
-                    bar.update(1)
-            train_time = time.perf_counter() - epoch_start
-            try:
-                valid = score("valid")
-            except NonFiniteScores as error:
-                raise NonFiniteScores(f"validation after epoch {epoch}: {error}") from None
-            if not best_valid or valid[selection] > best_valid[selection]:
-                best_valid, best_epoch, epochs_without_gain = valid, epoch, 0
-                best_test = score("test")
-                best_state = copy.deepcopy(model.state_dict())
-            else:
-                epochs_without_gain += 1
-            epoch_time = time.perf_counter() - epoch_start
-            epoch_times.append(epoch_time)
-            throughputs.append(sequences / train_time if train_time > 0 else float("nan"))
-            report = EpochReport(epoch=epoch, train_loss=total_loss / max(steps, 1), valid=valid, best_epoch=best_epoch,
-                                 best_valid=best_valid, best_test=best_test, epoch_time_s=epoch_time,
-                                 train_time_s=train_time, throughput=throughputs[-1],
-                                 wall_time_s=time.perf_counter() - started, extra=model.stats(),
-                                 snapshot=lambda epoch=epoch: snapshot(epoch))
-            reports.append(report)
-            finished = (best_valid, best_test, best_epoch, best_state, epochs_without_gain)
-            if not steps_per_epoch:
-                bar.update(1)
-            bar.set_postfix({"epoch": epoch, "loss": f"{report.train_loss:.3f}", selection: f"{valid[selection]:.4f}",
-                             "best": f"{best_valid[selection]:.4f}@{best_epoch}"})
-            if callback is not None:
-                callback(report)
-            if train_cfg.patience and epochs_without_gain >= train_cfg.patience:
-                break
-            if train_cfg.time_budget_s and time.perf_counter() - started >= train_cfg.time_budget_s:
-                break
-    except KeyboardInterrupt:
-        if not progress:  # inside a sweep, Ray owns the signal
-            raise
-        # Ctrl-C anywhere in an epoch (training, evaluation, reporting): drop that epoch, keep the finished ones
-        best_valid, best_test, best_epoch, best_state, epochs_without_gain = finished
-        interrupted = True
-    bar.close()
-    if interrupted and best_state is None:
-        raise KeyboardInterrupt
-    if interrupted:
-        done = first_epoch - 1 + len(reports)
-        print(f"interrupted during epoch {done + 1}: the result below is that of the {done} "
-              "finished epoch(s)", file=sys.stderr, flush=True)
-
-    model.load_state_dict(best_state)
-    figures = {"params": efficiency.count_parameters(model), "epoch_time_s": float(np.median(epoch_times)),
-               "train_throughput": float(np.median(throughputs))}
-    if train_cfg.measure_efficiency and not interrupted:
-        figures.update(efficiency_figures(model_name, model_hparams, train_cfg, data, model, device))
-    row = make_result(
-        model=model_name, dataset_meta=data.meta, objective=objective, train_cfg=train_cfg,
-        model_hparams=model.config.to_dict(),
-        best_valid=best_valid, best_test=best_test, best_epoch=best_epoch,
-        epochs_run=first_epoch - 1 + len(reports),
-        efficiency=figures, device=device, extra=model.stats(), wall_time_s=time.perf_counter() - started,
-        popularity={f"pop_{k}": v for k, v in popularity_metrics(data.test, data.item_popularity,
-                                                                   negatives=negatives.get("test"),
-                                                                   mask_history=train_cfg.mask_history).items()
-                    if k == SELECTION_METRIC},
-    )
-    if interrupted:
-        row["status"] = "interrupted"
-    return row
-
-
-def batch_user_ids(model: SeqRecModel, users: np.ndarray | None, device: torch.device) -> torch.Tensor | None:
-    """The batch's user ids as a tensor for models that read them (``needs_users``), else None."""
-    if not model.needs_users:
-        return None
-    if users is None:
-        raise UserError(f"{type(model).__name__} reads user ids, but this batch source carries windows only")
-    return torch.as_tensor(users, dtype=torch.long, device=device)
-
-
-def epoch_cost(step: TrainStep, data: TrialData, train_cfg: TrainConfig, device: torch.device) -> EpochCost:
-    """The cost of one epoch of this trial, as the trainer runs it: the data loader drawing the epoch's windows,
-    the training steps, and the validation pass over every user (its batches drawn with a separate generator:
-    training is unchanged)."""
-    rng = np.random.default_rng(train_cfg.seed)
-    started = time.perf_counter()
-    batches = [(windows, batch_user_ids(step.model, users, device)) for windows, users in
-               epoch_windows(data, user_batches(data.train, train_cfg.batch_size, rng), step.objective, train_cfg, rng)]
-    loader_s = time.perf_counter() - started
-    started = time.perf_counter()
-    with torch.no_grad():
-        evaluate(step.model, data.valid, batch_size=train_cfg.eval_batch_size, device=device,
-                 mask_history=train_cfg.mask_history, trim=train_cfg.trim_padding)
-    validation_s = time.perf_counter() - started
-    return estimate_epoch(step, batches, device, float(data.meta.get("length", {}).get("median", float("nan"))),
-                          overhead_s=loader_s + validation_s)
+    def result_row(self, interrupted: bool) -> dict:
+        """The result: the best epoch's weights back in the model, its efficiency figures (measured only for a
+        trial that ran to its end), and the one result row, marked ``interrupted`` after Ctrl-C."""
+        model, train_cfg, data, best = self.model, self.train_cfg, self.data, self.best
+        model.load_state_dict(best.weights)
+        figures = {"params": efficiency.count_parameters(model), "epoch_time_s": float(np.median(self.epoch_times)),
+                   "train_throughput": float(np.median(self.throughputs))}
+        if train_cfg.measure_efficiency and not interrupted:
+            figures.update(efficiency_figures(self.model_name, self.model_hparams, train_cfg, data, model,
+                                              self.device))
+        row = make_result(
+            model=self.model_name, dataset_meta=data.meta, objective=self.objective, train_cfg=train_cfg,
+            model_hparams=model.config.to_dict(),
+            best_valid=best.valid, best_test=best.test, best_epoch=best.epoch, epochs_run=self.epochs_run,
+            efficiency=figures, device=self.device, extra=model.stats(),
+            wall_time_s=time.perf_counter() - self.started,
+            popularity={f"pop_{k}": v for k, v in popularity_metrics(data.test, data.item_popularity,
+                                                                       negatives=self.negatives.get("test"),
+                                                                       mask_history=train_cfg.mask_history).items()
+                        if k == SELECTION_METRIC},
+        )
+        if interrupted:
+            row["status"] = "interrupted"
+        return row
 
 
 def efficiency_figures(model_name: str, model_hparams: dict, train_cfg: TrainConfig, data: TrialData,

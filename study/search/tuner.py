@@ -1,0 +1,127 @@
+"""The Ray Tune side of a study run (:mod:`study.search.runner`): the trainable, a new Tuner or one restored from
+``tune/`` and pointed at this session, and the console reporter both use.
+
+Ray is imported inside the functions, as everywhere in the sweep: only once there is something to run.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from typing import Any
+
+from study.analysis.runs import TUNE_DIR
+from study.search.budget import StudyClock, StudyEstimate, fit_line
+from study.search.console import StatusReporter
+from study.search.data_parallel import data_parallel_trial
+from study.search.recorder import SweepRecorder
+from study.search.searcher import (
+    StudySamples,
+    fixed_points_search,
+    make_scheduler,
+    make_searcher,
+    points_space,
+    study_searcher,
+)
+from study.search.tracking import tracking_callbacks
+from study.search.trial import TrialPlan, sweep_trial, tune_key
+from study.spec.resolved import Study
+from study.storage import Mirror
+from study.train.trainer import TrialData
+
+
+def console_reporter(study: Study, estimate: StudyEstimate | None, concurrency: int) -> Any:
+    """Short console lines (:mod:`study.search.console`): a trial's line when it ends, a status line every 30 s.
+
+    Tune takes a ProgressReporter only with its classic console output; its newer one ignores the reporter (with
+    a warning) and prints every metric of every trial in boxed tables, so the classic one is chosen here.
+    """
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"  # read by Tune when the run starts
+    objectives = {tune_key(metric): (metric, mode) for metric, mode in study.objectives.items()}
+    return StatusReporter(objectives, list(study.search), expected_epoch_s=estimate.epoch_s if estimate else None,
+                          budget_line=functools.partial(fit_line, study, concurrency=concurrency))
+
+
+def make_trainable(study: Study, plan: TrialPlan, base_data: TrialData, train_ds: Any) -> Any:
+    """The Tune trainable: the trial function with the plan and data bound (the data goes through the object store
+    once), and the resources each trial reserves."""
+    from ray import tune
+
+    trial_function = data_parallel_trial if plan.workers > 1 else sweep_trial
+    trainable = tune.with_parameters(trial_function, plan=plan, data=base_data, train_ds=train_ds)
+    if plan.workers > 1:
+        # The Tune trial only drives the TorchTrainer, whose workers reserve the CPUs/GPUs themselves; Tune
+        # refuses an empty request, so the driver asks for one byte of memory (no CPU a worker would miss).
+        return tune.with_resources(trainable, tune.PlacementGroupFactory([{"CPU": 0, "memory": 1}]))
+    return tune.with_resources(trainable, {"cpu": study.resources.cpu, "gpu": study.resources.gpu})
+
+
+def make_tuner(study: Study, out: Path, mirror: Mirror, trainable: Any, storage_url: str, clock: StudyClock, *,
+               row_context: dict[str, Any], base_settings: dict[str, Any], points: list[dict[str, Any]] | None,
+               quiet: bool, estimate: StudyEstimate | None, concurrency: int, max_failures: int) -> Any:
+    """The Tuner of a new study: Optuna and ASHA for a search, or the fixed points each run to its full budget;
+    the study's recorder, trackers, checkpoints, retries and console."""
+    from ray import tune
+    from ray.tune.schedulers import FIFOScheduler
+
+    recorder = SweepRecorder(str(out), row_context, mirror, clock)
+    if points is None:
+        # the study's time budget is the clock's (study.search.budget), not Tune's, which drops the trials it stops
+        search = dict(search_alg=make_searcher(study, storage_url, concurrency), scheduler=make_scheduler(study),
+                      num_samples=study.budget.num_samples)
+    else:  # fixed points: as many at once as the sweep runs, each to its full budget (no ASHA, no time budget)
+        search = dict(search_alg=fixed_points_search(points, concurrency),
+                      scheduler=FIFOScheduler(), num_samples=len(points))
+    return tune.Tuner(
+        trainable,
+        param_space=None if points is None else points_space(points),
+        tune_config=tune.TuneConfig(**search, reuse_actors=True),
+        run_config=tune.RunConfig(name=TUNE_DIR, storage_path=str(out), stop=clock,
+                                  callbacks=[recorder, *tracking_callbacks(study.tracking, base_settings)],
+                                  checkpoint_config=tune.CheckpointConfig(num_to_keep=study.checkpoint.keep),
+                                  failure_config=tune.FailureConfig(max_failures=max_failures),
+                                  progress_reporter=console_reporter(study, estimate, concurrency),
+                                  verbose=0 if quiet else 1),
+    )
+
+
+def restore_tuner(study: Study, out: Path, mirror: Mirror, trainable: Any, storage_url: str, clock: StudyClock,
+                  quiet: bool, estimate: StudyEstimate | None, concurrency: int) -> Any:
+    """The Tuner of a resumed study, restored from ``tune/`` and pointed at this session (:func:`_relocate`)."""
+    from ray import tune
+
+    # errored trials start again too: one whose record holds its failure replays it at once (replay_recorded),
+    # one whose process was lost (the study stopped under it) trains again, from its last checkpoint if any
+    tuner = tune.Tuner.restore(str(out / TUNE_DIR), trainable=trainable, resume_unfinished=True,
+                               resume_errored=True, restart_errored=False)
+    _relocate(tuner, out, mirror, storage_url, clock, study, quiet, estimate, concurrency)
+    return tuner
+
+
+def _relocate(tuner: Any, out: Path, mirror: Mirror, storage_url: str, clock: StudyClock, study: Study,
+              quiet: bool, estimate: StudyEstimate | None, concurrency: int) -> None:
+    """Point the restored recorder and searcher at this session's study folder, clock and budget.
+
+    ``Tuner.restore`` unpickles them with the paths of the session that started the study, which may have run in
+    another folder or on another machine, and with that session's budget: a resume may give the study more time
+    or samples. Ray keeps the restored configs on its internal tuner (no public accessor), so a Ray that moved
+    them fails here loudly rather than writing to the old paths.
+    """
+    internal = tuner._local_tuner
+    run_config = internal.get_run_config()
+    recorders = [c for c in run_config.callbacks or [] if isinstance(c, SweepRecorder)]
+    if not recorders:
+        raise RuntimeError("the restored Tune run has no SweepRecorder; cannot resume this study here")
+    for recorder in recorders:
+        recorder.out_dir, recorder.mirror, recorder.clock = str(out), mirror, clock
+    run_config.stop = clock
+    # the console of a resumed study is this session's too: Tune's classic output with the study's short lines
+    run_config.progress_reporter = console_reporter(study, estimate, concurrency)
+    run_config.verbose = 0 if quiet else 1
+    search = internal._tune_config.search_alg
+    if isinstance(search, StudySamples):
+        search.num_samples = study.budget.num_samples
+    searcher = study_searcher(search)
+    if searcher is not None:  # fixed points (replicates) have no searcher to move
+        searcher.relocate(storage_url)
