@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from study.analysis.runs import TUNE_DIR
+from study.layout import TUNE_DIR
 from study.search.budget import StudyClock, StudyEstimate, fit_line
 from study.search.console import StatusReporter
 from study.search.data_parallel import data_parallel_trial
