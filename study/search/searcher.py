@@ -155,20 +155,34 @@ class StudySearch(OptunaSearch):
 
 
 class StudySamples(SearchGenerator):
-    """Tune's generator of searched trials, which a resumed study may give more samples (``budget.num_samples``).
+    """Tune's generator of a study's trials, which a resumed study may give more samples or a new folder.
 
-    Tune restores the sample count it saved with the experiment; a study resumed with a larger one keeps the larger
-    (the restored tuner's generator gets it in :attr:`num_samples` before the run starts).
+    Tune restores the generator's state saved with the experiment, over what this session asked for:
+
+    * the sample count: a study resumed with a larger ``budget.num_samples`` keeps the larger;
+    * the experiment's storage, from which every new trial takes its folder: a study resumed after its folder moved
+      (another path, machine or working copy) would create its new trials under the old path, where their
+      checkpoints cannot be written. The new trials follow :attr:`storage_path` instead, as Tune moves the trials
+      it restores itself.
+
+    The restored tuner's generator gets both before the run starts (:mod:`study.search.tuner`).
     """
 
     def __init__(self, searcher: Any, num_samples: int):
         super().__init__(searcher)
         self.num_samples = num_samples
+        self.storage_path: str | None = None  # this session's study folder (set on a resume)
 
     def set_state(self, state: dict[str, Any]) -> None:
         super().set_state(state)
         if self.num_samples > self._total_samples:
             self._total_samples, self._finished = self.num_samples, False
+        storage = self._experiment.spec.get("storage") if self._experiment is not None else None
+        if self.storage_path and storage is not None and storage.storage_fs_path != self.storage_path:
+            moved = copy.copy(storage)
+            moved.storage_fs_path = self.storage_path
+            self._experiment.spec["storage"] = moved
+            self._experiment.storage = moved
 
 
 def study_searcher(search: Any) -> StudySearch | None:
@@ -338,10 +352,11 @@ class FixedPoints(Searcher):
             self.set_state(pickle.load(saved))
 
 
-def fixed_points_search(points: list[dict[str, Any]], max_concurrent: int) -> ConcurrencyLimiter:
+def fixed_points_search(points: list[dict[str, Any]], max_concurrent: int) -> StudySamples:
     """The search algorithm of a fixed-points run: :class:`FixedPoints`, at most ``max_concurrent`` at once
     (as many as the sweep runs); pass it as ``TuneConfig(search_alg=...)`` with ``num_samples=len(points)``."""
-    return ConcurrencyLimiter(FixedPoints(points), max_concurrent=max(1, int(max_concurrent)))
+    limited = ConcurrencyLimiter(FixedPoints(points), max_concurrent=max(1, int(max_concurrent)))
+    return StudySamples(limited, len(points))
 
 
 def points_space(points: list[dict[str, Any]]) -> dict[str, Any]:

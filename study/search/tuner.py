@@ -121,7 +121,9 @@ def _relocate(tuner: Any, out: Path, mirror: Mirror, storage_url: str, clock: St
     run_config.verbose = 0 if quiet else 1
     search = internal._tune_config.search_alg
     if isinstance(search, StudySamples):
-        search.num_samples = study.budget.num_samples
+        search.storage_path = str(out)
+        if study_searcher(search) is not None:  # a search; fixed points keep their count
+            search.num_samples = study.budget.num_samples
     searcher = study_searcher(search)
     if searcher is not None:  # fixed points (replicates) have no searcher to move
         searcher.relocate(storage_url)
