@@ -85,9 +85,6 @@ class StudyClock(Stopper):
             self._started = now
         return self.earlier_s + now - self._started
 
-    def left(self) -> float:
-        return max(0.0, self.budget_s - self.earlier_s) if self.budget_s else float("inf")
-
     def save(self) -> None:
         atomic_write_text(Path(self.out) / CLOCK_FILE,
                           json.dumps({"spent_s": round(self.elapsed(), 3), "budget_s": self.budget_s}) + "\n")
