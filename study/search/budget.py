@@ -17,7 +17,7 @@ against it, so a resumed study gets only what is left (a larger ``budget.time_bu
 Where the driver cannot receive a signal (Tune driven from a thread, as on a Ray Client head node), the clock
 falls back to Tune's stop-all: the trials are still recorded, but a resume starts no new epochs for them.
 
-A resume may give the study more time or samples, nothing else (:func:`budget_grows`); one that would run nothing
+A resume may give the study more time or samples, nothing else (:func:`budget_grows`); one whose time is spent
 says why in one line (:func:`check_work_left`). Before the first trial, :func:`estimate_study` times an epoch of the
 largest configuration (the loader, real batches, validation) and one checkpoint, which set the cost line, the
 local checkpoint interval (:meth:`StudyEstimate.checkpoint_every`) and whether the study fits its budget
@@ -139,15 +139,16 @@ def budget_grows(stored: dict | None, current: dict | None) -> bool:
 
 
 def check_work_left(study: Study, out: Path) -> None:
-    """A resume that would run nothing says why in one line, and what would continue the study."""
+    """A resume whose time budget is spent stops with one line saying how to give it more; one whose samples have
+    all run says so in one line and goes on (it replays the records and writes the tables again)."""
     over = over_budget_line(study.name, out, study.budget.time_budget_s)
     if over:
         raise UserError(over)
     records = read_records(out / RECORDS_DIR)
     done = sum(1 for record in records.values() if not trains_on(record))
     if done >= study.budget.num_samples:
-        raise UserError(f"study '{study.name}' has run all its budget.num_samples={study.budget.num_samples} trials; "
-                        f"to run more: --resume --set budget.num_samples={2 * study.budget.num_samples}")
+        print(f"study '{study.name}' has run all its budget.num_samples={study.budget.num_samples} trials; to run "
+              f"more: --resume --set budget.num_samples={2 * study.budget.num_samples}", flush=True)
 
 
 CHECKPOINT_SHARE = 0.01  # ``checkpoint.every: auto`` on one machine: checkpoints may cost about this share of the time

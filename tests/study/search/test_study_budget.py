@@ -130,7 +130,8 @@ def test_a_finished_study_resumes_only_with_more_samples(tmp_path: Path, synthet
     first = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]
     again = subprocess.run(command + ["--resume"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    assert again.returncode == 2 and "has run all its budget.num_samples=1 trials" in again.stderr, again.stderr
+    assert again.returncode == 0 and "has run all its budget.num_samples=1 trials" in again.stdout, again.stderr
+    assert "1 trials: 1 ok" in again.stdout  # replayed, not trained again
     changed = subprocess.run(command + ["--resume", "--set", "budget.max_epochs=2"], cwd=REPO, env=env,
                              capture_output=True, text=True, timeout=120)
     assert changed.returncode == 2 and "differs from this study in: budget" in changed.stderr, changed.stderr
