@@ -389,6 +389,11 @@ class SweepRecorder(Callback):
         if last.get("replayed") or (status == STATUS_FAILED and earlier is not None
                                     and earlier["status"] == STATUS_FAILED and not lost_process(earlier)):
             return  # recorded before an interruption and replayed now (a lost process trains again instead)
+        if status == STATUS_FAILED and earlier is not None and earlier["status"] == STATUS_OK:
+            # a failure never replaces a result: e.g. a study killed with SIGKILL saved its experiment while a
+            # trial was still running, the trial then finished, and on --resume Tune fails to restore it from a
+            # checkpoint that no longer exists; a budget-stopped trial whose continuation fails keeps its result
+            return
         settings = {**self.context["base_settings"], **trial.config}
         report = {k: v for k, v in last.items() if k not in _TUNE_BOOKKEEPING}
         record = {

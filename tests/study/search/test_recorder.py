@@ -111,6 +111,24 @@ def test_a_trial_that_lost_its_process_is_recorded_again_and_a_replayed_failure_
     assert trials.loc["lost", "status"] == "ok" and trials.loc["nan", "error"] == errors["nan"]
 
 
+def test_a_failure_after_a_trials_result_leaves_the_result(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A study killed with SIGKILL can have saved its experiment while a trial was running; the trial then finished
+    and was recorded, and on --resume Tune fails to restore it from a checkpoint that no longer exists."""
+    first = _recorder(tmp_path)
+    first.setup()
+    _finish(first, "t0", started=100.0)
+    first.on_experiment_end(trials=[])
+    written = (tmp_path / "trials" / "t0.json").read_bytes()
+    second = pickle.loads(pickle.dumps(first))
+    second.setup()
+    monkeypatch.setattr(recorder_module, "_error_message", lambda trial: "ValueError: Could not recover from "
+                        "checkpoint as it does not exist on storage anymore.")
+    second.on_trial_error(0, [], SimpleNamespace(trial_id="t0", config={"lr": 0.01}))
+    second.on_experiment_end(trials=[])
+    assert (tmp_path / "trials" / "t0.json").read_bytes() == written
+    assert pd.read_parquet(tmp_path / "trials.parquet")["status"].tolist() == ["ok"]
+
+
 @pytest.mark.parametrize(("device", "trimmed"), [("cpu", True), ("cuda:0", False), (None, None)])
 def test_a_row_records_the_trimming_that_ran_on_its_device(device: str | None, trimmed: bool | None) -> None:
     """`trim_padding` left to the trainer (auto) is recorded as the trainer resolved it for the trial's device; a
