@@ -40,6 +40,7 @@ from study.layout import (  # noqa: F401 (the names readers look up here too)
     TUNE_DIR,
     table_paths,
 )
+from study.train.settings import RANKING, keys_with
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
 
 # What makes metrics comparable across studies: the same data and the same ranking protocol. The training
 # objective is not here: it is each model's own choice (SASRec's causal loss, BERT4Rec's cloze ...).
-COMPARABILITY_KEYS = ("dataset", "dataset_hash", "eval_mode", "num_negatives", "negative_sampler", "mask_history")
+COMPARABILITY_KEYS = ("dataset", "dataset_hash", *keys_with(RANKING))
 SEED_KEYS = ("seed",)
 
 

@@ -19,15 +19,16 @@ from study.errors import UserError
 from study.spec import yaml_io
 from study.spec.yaml_io import NAME_PATTERN, ConfigErrors, StudyConfigError, check_keys, read_section
 from study.storage import resolve_storage
+from study.train.settings import STEP_COST, keys_with
 
 # torch and the model zoo are imported inside the functions that need them: ``--dry-run`` and every scaling
 # module import this one, and torch alone takes seconds to load.
 
 MODES = ("train", "inference")
 METRICS = {"memory": "peak_mem_mb", "time": "time_ms_median"}
-# Keys of study.train.config.TrainConfig that change what one training step costs; the rest (epochs, evaluation,
-# patience ...) mean nothing for a single step, and device/threads are set by the study from resources.
-TRAIN_KEYS = ("objective", "lr", "weight_decay", "mask_prob", "seed")
+# The trainer keys that change what one training step costs; the rest (epochs, evaluation, patience ...) mean
+# nothing for a single step, and device/threads are set by the study from resources.
+TRAIN_KEYS = keys_with(STEP_COST)
 STUDY_SET_KEYS = ("num_items", "max_len")  # every cell sets these itself
 TOP_LEVEL = ("name", "dataset", "num_items", "models", "train", "lengths", "batch_sizes", "tokens_per_batch",
              "modes", "measure", "fit", "compare_length", "reference", "claims", "resources", "stop_after_failure",

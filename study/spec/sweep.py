@@ -53,12 +53,12 @@ from study.spec.yaml_io import (
 from study.storage import resolve_storage
 from study.train.config import METRIC_KS, TRAIN_FIELDS, TrainConfig, coerce, field_type
 from study.train.results import EFFICIENCY_METRICS, PROTOCOL_SETTINGS
+from study.train.settings import EXECUTION, keys_with
 
 SECTIONS = ("name", "model", "dataset", "protocol", "fixed", "search", "objectives", "budget", "scheduler",
             "resources", "checkpoint", "tracking", "sampler", "searcher", "seeds", "storage")
 REQUIRED = ("name", "model")
-# How a trial runs, not what it learns: set by the sweep from the resources, never searched.
-EXECUTION_KEYS = ("device", "num_threads", "eval_batch_size", "measure_efficiency")
+EXECUTION_KEYS = keys_with(EXECUTION)  # set by the sweep from the resources, never searched
 SAMPLERS = ("auto", "tpe", "nsga2", "random", "grid")
 DATA_SIZED = {"num_items", "num_users"}  # model sizes the trainer takes from the dataset, never set by hand
 

@@ -1,4 +1,4 @@
-"""The one place for trainer and protocol defaults, and for turning ``key=value`` strings into typed configs.
+"""Turning ``key=value`` strings into typed configs: the trainer's (:mod:`study.train.settings`) and the model's.
 
 A trial is fully described by a model name, a dataset and a flat mapping of keys. Each key
 belongs to exactly one of :class:`TrainConfig` (trainer + evaluation protocol) or the model's own
@@ -10,114 +10,22 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from dataclasses import dataclass
 from typing import Any
 
 import models
 from models import ConfigError
-
-EVAL_MODES = ("full", "sampled")
-NEGATIVE_SAMPLERS = ("uniform", "popularity")
-METRIC_KS = (5, 10, 20)
-SELECTION_METRIC = "ndcg@10"  # the default validation metric that picks the best epoch
-SELECTABLE_METRICS = tuple(f"{name}@{k}" for name in ("hr", "ndcg", "mrr") for k in METRIC_KS)
-PRECISIONS = ("fp32", "bf16", "fp16")
-# torch.compile's modes; the two in CUDA_GRAPH_MODES replay the step as CUDA graphs on a GPU
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
-AUTO_VALUES = ("auto", "none", "null")  # what leaves an optional setting (default None) to the trainer
-
-
-@dataclass
-class TrainConfig:
-    """Trainer and protocol settings. The protocol fields are recorded beside every result."""
-
-    # protocol
-    objective: str = "auto"  # auto = the model's default objective
-    eval_mode: str = "full"  # full ranking over all items, or `sampled` negatives
-    num_negatives: int = 100
-    negative_sampler: str = "uniform"
-    mask_history: bool = False  # RecBole's default: history items stay rankable
-    mask_prob: float = 0.2  # cloze only; BERT4Rec uses 0.2 on MovieLens, 0.6 on Beauty
-    prefixes_per_user: int = 0  # `last` only: 0 = every prefix (RecBole's augmentation), n = n random ones
-    # `cloze` only: windows over the whole training history whose starts are n items apart; None (`auto`) = BERT4Rec's
-    # reference code, 0.1 x max_len; 0 = each user's newest window only, which data-parallel workers and streamed
-    # datasets need (they hold no whole histories). See study.train.objectives.resolve_cloze_window_step
-    cloze_window_step: int | None = None
-    # `sampled_ce` only (training negatives; num_negatives/negative_sampler above are the *evaluation* protocol's)
-    train_negatives: int = 256  # eSASRec's SS-256
-    train_negative_sampler: str = "uniform"  # uniform or popularity, always with the logQ correction
-    # optimisation
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    batch_size: int = 128
-    max_epochs: int = 200
-    patience: int = 10  # epochs without a better validation score (selection_metric) before stopping
-    # the validation metric that picks the best epoch (whose test metrics are reported) and drives early stopping;
-    # a published protocol may use another (S3Rec's stops on NDCG@20)
-    selection_metric: str = SELECTION_METRIC
-    time_budget_s: float = 0.0  # 0 = no limit; otherwise stop after the epoch that crosses it
-    grad_clip: float = 0.0
-    seed: int = 0
-    # execution
-    device: str = "auto"  # auto = cuda when available, else cpu
-    num_threads: int = 0  # 0 = leave torch's default; Ray trials set it to their CPU share
-    eval_batch_size: int = 256
-    measure_efficiency: bool = True
-    # bf16/fp16 autocast of the forward pass and loss (CUDA only: a CPU step stays fp32), and torch.compile of the
-    # training loss, network included (anywhere; on a CPU its first step compiles for minutes). Both change the
-    # arithmetic, so both are recorded and off by default.
-    precision: str = "fp32"
-    compile: bool = False
-    # torch.compile's mode under `compile`. `reduce-overhead` replays the compiled loss, forward and backward, as
-    # CUDA graphs: a few launches where eager issues hundreds, and the zoo's steps on a GPU wait on launches, not
-    # arithmetic, so replaying them shortens an epoch several-fold. Only the `last` objective may use it
-    # (cuda_graph_conflict says why). A CPU step has no graphs to replay and runs as `default`.
-    compile_mode: str = "default"
-    # drop the leading columns that are padding in every row of a batch and run its windows in length groups
-    # (training, evaluation, latency): the same results at real items, less compute. None (`auto`) trims on a CPU
-    # and not on CUDA, where a step at the zoo's sizes waits on kernel launches, not arithmetic, and the groups
-    # multiply the launches, so a trimmed step is slower there than a full one
-    # (`python -m benchmarks.padding --device cuda` compares them). `auto` does not trim under `compile` either:
-    # each trimmed width and length group would be a graph to compile. The row records what ran.
-    trim_padding: bool | None = None
-
-    def constraint_errors(self) -> list[tuple[str, str]]:
-        errors = []
-        if self.objective != "auto" and self.objective not in models.OBJECTIVES:
-            errors.append(("objective", f"must be auto or one of {models.OBJECTIVES}, got {self.objective!r}"))
-        if self.eval_mode not in EVAL_MODES:
-            errors.append(("eval_mode", f"must be one of {EVAL_MODES}, got {self.eval_mode!r}"))
-        if self.negative_sampler not in NEGATIVE_SAMPLERS:
-            errors.append(("negative_sampler", f"must be one of {NEGATIVE_SAMPLERS}, got {self.negative_sampler!r}"))
-        if self.train_negative_sampler not in NEGATIVE_SAMPLERS:
-            errors.append(("train_negative_sampler",
-                           f"must be one of {NEGATIVE_SAMPLERS}, got {self.train_negative_sampler!r}"))
-        for key in ("num_negatives", "train_negatives"):
-            if getattr(self, key) < 1:
-                errors.append((key, f"must be >= 1, got {getattr(self, key)}"))
-        if not 0.0 < self.mask_prob < 1.0:
-            errors.append(("mask_prob", f"must be in (0, 1), got {self.mask_prob}"))
-        for key in ("batch_size", "max_epochs", "eval_batch_size"):
-            if getattr(self, key) < 1:
-                errors.append((key, f"must be >= 1, got {getattr(self, key)}"))
-        for key in ("prefixes_per_user", "cloze_window_step", "patience", "num_threads"):
-            if (getattr(self, key) or 0) < 0:
-                errors.append((key, f"must be >= 0, got {getattr(self, key)}"))
-        if self.lr <= 0:
-            errors.append(("lr", f"must be > 0, got {self.lr}"))
-        if self.selection_metric not in SELECTABLE_METRICS:
-            errors.append(("selection_metric", f"must be one of {SELECTABLE_METRICS}, got {self.selection_metric!r}"))
-        if self.precision not in PRECISIONS:
-            errors.append(("precision", f"must be one of {PRECISIONS}, got {self.precision!r}"))
-        if self.compile_mode not in COMPILE_MODES:
-            errors.append(("compile_mode", f"must be one of {COMPILE_MODES}, got {self.compile_mode!r}"))
-        elif self.compile_mode != "default" and not self.compile:
-            errors.append(("compile_mode", f"{self.compile_mode!r} needs compile: true (the step runs eager)"))
-        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
-            errors.append(("device", f"must be auto, cpu or cuda[:N], got {self.device!r}"))
-        return errors
-
+from study.train.settings import (  # noqa: F401 (the names callers import from here)
+    AUTO_VALUES,
+    COMPILE_MODES,
+    CUDA_GRAPH_MODES,
+    EVAL_MODES,
+    METRIC_KS,
+    NEGATIVE_SAMPLERS,
+    PRECISIONS,
+    SELECTABLE_METRICS,
+    SELECTION_METRIC,
+    TrainConfig,
+)
 
 TRAIN_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 AUTO_TRAIN_FIELDS = {name for name, f in TRAIN_FIELDS.items() if f.default is None}
@@ -205,6 +113,8 @@ def split_settings(model_name: str, settings: dict[str, Any]) -> tuple[TrainConf
         raise ConfigError(errors)
     train = TrainConfig(**train_values)
     errors = train.constraint_errors()
+    if train.objective != "auto" and train.objective not in models.OBJECTIVES:
+        errors.insert(0, ("objective", f"must be auto or one of {models.OBJECTIVES}, got {train.objective!r}"))
     if errors:
         raise ConfigError(errors)
     return train, model_values

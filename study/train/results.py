@@ -22,13 +22,13 @@ from typing import Any
 import torch
 
 from study.train.config import TrainConfig
+from study.train.settings import PROTOCOL, keys_with
 
 # The efficiency figures of every row (measured once per trial, before its first epoch in a sweep).
 EFFICIENCY_METRICS = ("params", "peak_mem_mb", "infer_ms_p50", "infer_ms_p95", "train_throughput", "epoch_time_s")
 # The evaluation-protocol settings a study fixes for all its trials (the ``protocol:`` section of a study file);
 # ``protocol_of`` records them, with the objective that actually ran, in every row.
-PROTOCOL_SETTINGS = ("objective", "eval_mode", "num_negatives", "negative_sampler", "mask_history",
-                     "selection_metric")
+PROTOCOL_SETTINGS = keys_with(PROTOCOL)
 
 
 def protocol_of(train_cfg: TrainConfig, objective: str) -> dict[str, Any]:

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from study.errors import UserError
+from study.train.settings import CONTINUES, keys_with
 
 STATE_FILE = "training_state.pt"
 FORMAT_VERSION = 1
@@ -117,12 +118,8 @@ def load_state(folder: str | Path, map_location: str | torch.device = "cpu") -> 
     return TrainingState(**{k: v for k, v in data.items() if k in known})
 
 
-# what a continued trial may change: when it stops, where it runs and what it measures, never what an epoch computes
-# (trim_padding follows the device when unset, and leaves the real items' results as they are: a trial checkpointed on
-# a GPU node and restored on a CPU node of a cluster goes on; compile_mode only says how torch.compile launches the
-# same step, as the device does, and states written before it existed record none)
-CONTINUATION_KEYS = ("max_epochs", "patience", "time_budget_s", "device", "num_threads", "eval_batch_size",
-                     "measure_efficiency", "trim_padding", "compile_mode")
+# what a continued trial may change: when it stops, where it runs and what it measures (study.train.settings)
+CONTINUATION_KEYS = keys_with(CONTINUES)
 
 
 def continuation(state: TrainingState, overrides: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]]:

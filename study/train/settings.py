@@ -1,0 +1,147 @@
+"""The trainer's settings: :class:`TrainConfig`, and the role of each key, declared once beside it.
+
+A role says what the platform may do with a key, wherever it meets one:
+
+- ``PROTOCOL``: how results are ranked and selected; a study fixes it for all its trials (its ``protocol:``
+  section) and every row records it (:func:`study.train.results.protocol_of`).
+- ``RANKING``: the part of the protocol that makes two studies' metrics comparable at all (with the dataset).
+- ``EXECUTION``: how a trial runs, never what it learns; a sweep sets it from its resources, never searches it.
+- ``CONTINUES``: what a continued trial may change: when it stops, where it runs and what it measures, never what
+  an epoch computes (:func:`study.train.state.continuation`). ``trim_padding`` follows the device when unset and
+  leaves the real items' results as they are, so a trial checkpointed on a GPU node goes on on a CPU node;
+  ``compile_mode`` only says how torch.compile launches the same step.
+- ``STEP_COST``: changes what one training step costs; a scaling study's ``train:`` section takes these.
+
+A key with no role is an ordinary training setting: it changes what the trial learns. This module imports neither
+torch nor the model zoo, so study-file readers and the results layout can read roles cheaply; typing and checking
+values against a model is :mod:`study.train.config`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+PROTOCOL, RANKING, EXECUTION, CONTINUES, STEP_COST = "protocol", "ranking", "execution", "continues", "step_cost"
+ROLES = (PROTOCOL, RANKING, EXECUTION, CONTINUES, STEP_COST)
+
+
+def setting(default: Any, *roles: str) -> Any:
+    """A :class:`TrainConfig` field with ``default`` and the roles it plays (see the module docstring)."""
+    unknown = set(roles) - set(ROLES)
+    if unknown:
+        raise ValueError(f"unknown roles {sorted(unknown)}; roles are {ROLES}")
+    return dataclasses.field(default=default, metadata={"roles": frozenset(roles)})
+
+
+EVAL_MODES = ("full", "sampled")
+NEGATIVE_SAMPLERS = ("uniform", "popularity")
+METRIC_KS = (5, 10, 20)
+SELECTION_METRIC = "ndcg@10"  # the default validation metric that picks the best epoch
+SELECTABLE_METRICS = tuple(f"{name}@{k}" for name in ("hr", "ndcg", "mrr") for k in METRIC_KS)
+PRECISIONS = ("fp32", "bf16", "fp16")
+# torch.compile's modes; the two in CUDA_GRAPH_MODES replay the step as CUDA graphs on a GPU
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+AUTO_VALUES = ("auto", "none", "null")  # what leaves an optional setting (default None) to the trainer
+
+
+@dataclass
+class TrainConfig:
+    """Trainer and protocol settings, each with its roles (module docstring). Every row records them."""
+
+    # protocol
+    objective: str = setting("auto", PROTOCOL, STEP_COST)  # auto = the model's default objective
+    eval_mode: str = setting("full", PROTOCOL, RANKING)  # full ranking over all items, or `sampled` negatives
+    num_negatives: int = setting(100, PROTOCOL, RANKING)
+    negative_sampler: str = setting("uniform", PROTOCOL, RANKING)
+    mask_history: bool = setting(False, PROTOCOL, RANKING)  # RecBole's default: history items stay rankable
+    mask_prob: float = setting(0.2, STEP_COST)  # cloze only; BERT4Rec uses 0.2 on MovieLens, 0.6 on Beauty
+    prefixes_per_user: int = 0  # `last` only: 0 = every prefix (RecBole's augmentation), n = n random ones
+    # `cloze` only: windows over the whole training history whose starts are n items apart; None (`auto`) = BERT4Rec's
+    # reference code, 0.1 x max_len; 0 = each user's newest window only, which data-parallel workers and streamed
+    # datasets need (they hold no whole histories). See study.train.objectives.resolve_cloze_window_step
+    cloze_window_step: int | None = None
+    # `sampled_ce` only (training negatives; num_negatives/negative_sampler above are the *evaluation* protocol's)
+    train_negatives: int = 256  # eSASRec's SS-256
+    train_negative_sampler: str = "uniform"  # uniform or popularity, always with the logQ correction
+    # optimisation
+    lr: float = setting(1e-3, STEP_COST)
+    weight_decay: float = setting(0.0, STEP_COST)
+    batch_size: int = 128
+    max_epochs: int = setting(200, CONTINUES)
+    # epochs without a better validation score (selection_metric) before stopping
+    patience: int = setting(10, CONTINUES)
+    # the validation metric that picks the best epoch (whose test metrics are reported) and drives early stopping;
+    # a published protocol may use another (S3Rec's stops on NDCG@20)
+    selection_metric: str = setting(SELECTION_METRIC, PROTOCOL)
+    time_budget_s: float = setting(0.0, CONTINUES)  # 0 = no limit; otherwise stop after the epoch that crosses it
+    grad_clip: float = 0.0
+    seed: int = setting(0, STEP_COST)
+    # execution
+    device: str = setting("auto", EXECUTION, CONTINUES)  # auto = cuda when available, else cpu
+    # 0 = leave torch's default; Ray trials set it to their CPU share
+    num_threads: int = setting(0, EXECUTION, CONTINUES)
+    eval_batch_size: int = setting(256, EXECUTION, CONTINUES)
+    measure_efficiency: bool = setting(True, EXECUTION, CONTINUES)
+    # bf16/fp16 autocast of the forward pass and loss (CUDA only: a CPU step stays fp32), and torch.compile of the
+    # training loss, network included (anywhere; on a CPU its first step compiles for minutes). Both change the
+    # arithmetic, so both are recorded and off by default.
+    precision: str = "fp32"
+    compile: bool = False
+    # torch.compile's mode under `compile`. `reduce-overhead` replays the compiled loss, forward and backward, as
+    # CUDA graphs: a few launches where eager issues hundreds, and the zoo's steps on a GPU wait on launches, not
+    # arithmetic, so replaying them shortens an epoch several-fold. Only the `last` objective may use it
+    # (cuda_graph_conflict says why). A CPU step has no graphs to replay and runs as `default`.
+    compile_mode: str = setting("default", CONTINUES)
+    # drop the leading columns that are padding in every row of a batch and run its windows in length groups
+    # (training, evaluation, latency): the same results at real items, less compute. None (`auto`) trims on a CPU
+    # and not on CUDA, where a step at the zoo's sizes waits on kernel launches, not arithmetic, and the groups
+    # multiply the launches, so a trimmed step is slower there than a full one
+    # (`python -m benchmarks.padding --device cuda` compares them). `auto` does not trim under `compile` either:
+    # each trimmed width and length group would be a graph to compile. The row records what ran.
+    trim_padding: bool | None = setting(None, CONTINUES)
+
+    def constraint_errors(self) -> list[tuple[str, str]]:
+        """Every value out of its range, as ``(key, why)``; the objective's name is checked against the model zoo's
+        objectives by :func:`study.train.config.split_settings`."""
+        errors = []
+        if self.eval_mode not in EVAL_MODES:
+            errors.append(("eval_mode", f"must be one of {EVAL_MODES}, got {self.eval_mode!r}"))
+        if self.negative_sampler not in NEGATIVE_SAMPLERS:
+            errors.append(("negative_sampler", f"must be one of {NEGATIVE_SAMPLERS}, got {self.negative_sampler!r}"))
+        if self.train_negative_sampler not in NEGATIVE_SAMPLERS:
+            errors.append(("train_negative_sampler",
+                           f"must be one of {NEGATIVE_SAMPLERS}, got {self.train_negative_sampler!r}"))
+        for key in ("num_negatives", "train_negatives"):
+            if getattr(self, key) < 1:
+                errors.append((key, f"must be >= 1, got {getattr(self, key)}"))
+        if not 0.0 < self.mask_prob < 1.0:
+            errors.append(("mask_prob", f"must be in (0, 1), got {self.mask_prob}"))
+        for key in ("batch_size", "max_epochs", "eval_batch_size"):
+            if getattr(self, key) < 1:
+                errors.append((key, f"must be >= 1, got {getattr(self, key)}"))
+        for key in ("prefixes_per_user", "cloze_window_step", "patience", "num_threads"):
+            if (getattr(self, key) or 0) < 0:
+                errors.append((key, f"must be >= 0, got {getattr(self, key)}"))
+        if self.lr <= 0:
+            errors.append(("lr", f"must be > 0, got {self.lr}"))
+        if self.selection_metric not in SELECTABLE_METRICS:
+            errors.append(("selection_metric", f"must be one of {SELECTABLE_METRICS}, got {self.selection_metric!r}"))
+        if self.precision not in PRECISIONS:
+            errors.append(("precision", f"must be one of {PRECISIONS}, got {self.precision!r}"))
+        if self.compile_mode not in COMPILE_MODES:
+            errors.append(("compile_mode", f"must be one of {COMPILE_MODES}, got {self.compile_mode!r}"))
+        elif self.compile_mode != "default" and not self.compile:
+            errors.append(("compile_mode", f"{self.compile_mode!r} needs compile: true (the step runs eager)"))
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            errors.append(("device", f"must be auto, cpu or cuda[:N], got {self.device!r}"))
+        return errors
+
+
+def keys_with(role: str) -> tuple[str, ...]:
+    """The :class:`TrainConfig` keys that play ``role``, in declaration order."""
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}; roles are {ROLES}")
+    return tuple(f.name for f in dataclasses.fields(TrainConfig) if role in f.metadata.get("roles", ()))
