@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from study.search.data_parallel import SHARD_LOG_ENV  # noqa: E402
 from study.search.records import read_records  # noqa: E402
-from study.spec.sweep import resolve  # noqa: E402
+from study.spec.study_file import resolve  # noqa: E402
 
 MODEL = {"max_len": 200, "batch_size": 64, "hidden_size": 64, "num_layers": 2, "num_heads": 2, "inner_size": 256,
          "lr": 1e-3, "dropout": 0.2, "measure_efficiency": False, "patience": 0, "seed": 0}

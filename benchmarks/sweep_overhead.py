@@ -36,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from study.search.records import read_records  # noqa: E402
-from study.spec.sweep import resolve  # noqa: E402
+from study.spec.study_file import resolve  # noqa: E402
 
 
 def _round(value: float) -> float:

@@ -182,7 +182,7 @@ def replicate(path: str | Path, *, seeds: int, select: str, objectives: dict[str
 
     from study.analysis import pareto
     from study.analysis.runs import PLAN_FILE, REPLICATES_DIR, STUDY_FILE
-    from study.spec.sweep import load_study
+    from study.spec.study_file import load_study
 
     path = local_copy(path)
     objectives = objectives or dict(pareto.DEFAULT_OBJECTIVES)

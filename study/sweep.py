@@ -2,7 +2,7 @@
 
     python -m study.sweep search_spaces/sasrec.yaml [--set budget.num_samples=2 ...] [--dry-run] [--resume]
 
-Flow: the YAML is read and validated completely before Ray starts (:mod:`study.spec.sweep`; every problem is
+Flow: the YAML is read and validated completely before Ray starts (:mod:`study.spec.study_file`; every problem is
 reported at once, exit code 2); ``--dry-run`` stops there and prints the resolved study. Otherwise the dataset
 is prepared, Ray starts, and :func:`study.search.runner.run_study` runs the trials and writes ``results/<study>/``
 (:mod:`study.search.recorder`); a short summary ends the run.
@@ -27,7 +27,7 @@ class _HelpWithSchema(argparse._HelpAction):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
-        from study.spec.sweep import SCHEMA_HELP
+        from study.spec.study_file import SCHEMA_HELP
 
         parser.epilog = SCHEMA_HELP
         super().__call__(parser, namespace, values, option_string)
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
     def body() -> int:
-        from study.spec.sweep import load_study
+        from study.spec.study_file import load_study
 
         if args.resume and args.dry_run:
             raise UserError("--resume and --dry-run exclude each other")

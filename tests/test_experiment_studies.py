@@ -1,7 +1,7 @@
 """Every campaign's study files validate, as ``python -m study.sweep FILE --dry-run`` validates them.
 
 A campaign's studies are data that only the platform runs (``experiments/<question>/studies/*.yaml``). Each is read
-with :func:`study.spec.sweep.load_study`, the function the dry run calls: every section, key, type and search
+with :func:`study.spec.study_file.load_study`, the function the dry run calls: every section, key, type and search
 combination is checked, without Ray and without data. A recipe that cannot download needs a local copy, and
 validation only checks that the copy exists, so an empty stand-in file takes its place.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from study.data import get_recipe
-from study.spec.sweep import load_study
+from study.spec.study_file import load_study
 from study.spec.yaml_io import StudyConfigError, read_yaml
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from study.analysis.claims import Claim
-from study.spec.scaling import EXPECTED_GROWTH, METRICS
+from study.spec.scaling_file import EXPECTED_GROWTH, METRICS
 
 if TYPE_CHECKING:
-    from study.spec.scaling import ScalingStudy
+    from study.spec.scaling_file import ScalingStudy
 
 
 @dataclass

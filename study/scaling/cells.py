@@ -27,7 +27,7 @@ from study.errors import UserError
 from study.spec.yaml_io import ConfigErrors, StudyConfigError, read_yaml
 
 if TYPE_CHECKING:
-    from study.spec.scaling import Cell, ScalingStudy
+    from study.spec.scaling_file import Cell, ScalingStudy
 
 # torch and the model zoo are imported inside the functions that need them: Ray workers and the measuring process
 # import this module first, and torch alone takes seconds to load.

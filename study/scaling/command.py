@@ -26,7 +26,7 @@ optimisation step (forward + backward + Adam, :class:`study.train.step.TrainStep
    reference model (PNG + SVG), ``scaling.md`` (growth exponents with R², ratios at ``compare_length``, paper
    claims met or missed with the numbers) and ``environment.json``.
 
-The schema is in ``docs/scaling.md`` and :data:`SCHEMA_HELP`. The pieces: :mod:`study.spec.scaling` (the file,
+The schema is in ``docs/scaling.md`` and :data:`SCHEMA_HELP`. The pieces: :mod:`study.spec.scaling_file` (the file,
 step 1), :mod:`study.scaling.cells` (batches and the measuring process), :mod:`study.scaling.schedule` (Ray),
 :mod:`study.scaling.analysis` (fits, ratios, claims) and :mod:`study.scaling.outputs` (step 4).
 """
@@ -46,7 +46,7 @@ from study.errors import UserError
 from study.scaling.cells import cell_specs, check_data, real_batch
 from study.scaling.outputs import cell_rows, sequence_summary, write_outputs
 from study.scaling.schedule import execute, per_cell_resources
-from study.spec.scaling import ScalingStudy, load_scaling_study
+from study.spec.scaling_file import ScalingStudy, load_scaling_study
 from study.storage import Mirror
 
 # torch, Ray and the data pipeline are imported inside the functions that need them, so that --help and --dry-run

@@ -12,7 +12,7 @@ from study.scaling.analysis import ClaimResult, Growth, check_claims, expectatio
 
 if TYPE_CHECKING:
     from study.scaling.cells import RealBatch
-    from study.spec.scaling import Cell, ScalingStudy
+    from study.spec.scaling_file import Cell, ScalingStudy
 
 
 def write_plots(frame: Any, study: ScalingStudy, out: Path) -> list[Path]:

@@ -16,7 +16,7 @@ from study.errors import UserError
 from study.scaling.cells import first_line, run_cell
 
 if TYPE_CHECKING:
-    from study.spec.scaling import ScalingStudy
+    from study.spec.scaling_file import ScalingStudy
 
 STOPPING_STATUSES = ("oom", "timeout", "crashed")
 STARTUP_GRACE_S = 180.0  # worker + interpreter start-up allowed on top of a cell's timeout before it is cancelled

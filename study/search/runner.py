@@ -1,4 +1,4 @@
-"""Running a validated :class:`~study.spec.sweep.Study` on Ray Tune with Optuna, ASHA and Ray Data: orchestration.
+"""Running a validated :class:`~study.spec.study_file.Study` on Ray Tune with Optuna, ASHA and Ray Data: orchestration.
 
 Data flow (driver → trials → driver):
 

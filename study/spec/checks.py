@@ -1,4 +1,4 @@
-"""Checks of a study across its sections, run once its sections are read (:func:`study.spec.sweep.resolve`).
+"""Checks of a study across its sections, run once its sections are read (:func:`study.spec.study_file.resolve`).
 
 Every search point goes through :func:`study.train.config.split_settings` and ``models.make_config``, so the model
 declares its own constraints and the sweep never repeats them; then the settings that only make sense together

@@ -2,7 +2,7 @@
 
 Each reader takes the parsed YAML and a :class:`~study.spec.yaml_io.ConfigErrors`, reports every problem of its
 section there (naming the key) and returns a usable value anyway, so that the study's other checks still run.
-Sweep studies (:mod:`study.spec.sweep`) use all of them; scaling studies share :func:`resolve_dataset` and
+Sweep studies (:mod:`study.spec.study_file`) use all of them; scaling studies share :func:`resolve_dataset` and
 :func:`read_resources`.
 
 A shortened run (``--set budget.max_epochs=1``, ``budget.num_samples=2``) is never refused for what the budget

@@ -1,6 +1,6 @@
-"""The resolved study: what :func:`study.spec.sweep.load_study` returns once every section is read and checked.
+"""The resolved study: what :func:`study.spec.study_file.load_study` returns once every section is read and checked.
 
-It lives apart from the reading (:mod:`study.spec.sweep`) and the checks across sections (:mod:`study.spec.checks`)
+It lives apart from the reading (:mod:`study.spec.study_file`) and the checks across sections (:mod:`study.spec.checks`)
 so that both can name it without importing each other.
 """
 

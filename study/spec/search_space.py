@@ -2,7 +2,7 @@
 
 ``choice``/``grid`` list values (coerced to the key's type), ``int``/``uniform``/``loguniform`` give ``[low, high]``
 with an optional ``step`` (and ``log`` for ints). Which keys may be searched, and their types, is the sweep's
-business (:mod:`study.spec.sweep`); this module only reads and checks one distribution.
+business (:mod:`study.spec.study_file`); this module only reads and checks one distribution.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The YAML toolkit of every study file: reading with line numbers, ``--set`` overrides, and the error collector.
 
-Sweep studies (:mod:`study.spec.sweep`) and scaling studies (:mod:`study.spec.scaling`) read their files through
-this module, so both report every problem at once as ``file:line: dotted.key: message`` and exit with code 2.
+Sweep studies (:mod:`study.spec.study_file`) and scaling studies (:mod:`study.spec.scaling_file`) read their files
+through this module, so both report every problem at once as ``file:line: dotted.key: message`` and exit with code 2.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ import yaml
 import models
 from study.data import load_prepared
 from study.scaling import analysis, cells, command, schedule
-from study.spec.scaling import load_scaling_study, resolve
+from study.spec.scaling_file import load_scaling_study, resolve
 from study.spec.yaml_io import StudyConfigError
 
 REPO = Path(__file__).resolve().parents[3]

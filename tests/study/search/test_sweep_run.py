@@ -188,7 +188,7 @@ def ray_session(shard_log: Path):
 def test_two_trial_multi_objective_sweep_with_a_failing_trial(tmp_path: Path, data_cache: Path, ray_session,
                                                               synthetic_lastfm_file: Path) -> None:
     from study.search.runner import run_study
-    from study.spec.sweep import load_study
+    from study.spec.study_file import load_study
 
     out = tmp_path / "out"
     path = write_study(tmp_path / "study.yaml", f"""
@@ -314,7 +314,7 @@ def test_a_streaming_sweep_leaves_ray_data_a_cpu_and_trains(tmp_path: Path, data
                                                              write_tiny_sweep) -> None:
     """Ray Data runs nothing while less than one CPU is free, so on two CPUs the streamed trials run one at a time."""
     from study.search.runner import run_study
-    from study.spec.sweep import StudyConfigError, load_study
+    from study.spec.study_file import StudyConfigError, load_study
 
     out = tmp_path / "out"
     path = write_tiny_sweep(tmp_path / "study.yaml", name="streamed", storage=out, samples=2)
@@ -330,7 +330,7 @@ def test_a_streaming_sweep_leaves_ray_data_a_cpu_and_trains(tmp_path: Path, data
 def test_a_one_epoch_quick_run_turns_asha_off_and_runs(tmp_path: Path, data_cache: Path, ray_session,
                                                        write_tiny_sweep) -> None:
     from study.search.runner import run_study
-    from study.spec.sweep import load_study
+    from study.spec.study_file import load_study
 
     out = tmp_path / "out"
     path = write_tiny_sweep(tmp_path / "study.yaml", name="quick", storage=out, samples=2)
@@ -367,7 +367,7 @@ def test_a_two_worker_sweep_on_ml100k_trains_every_window_once_per_epoch_on_disj
     from study.data import prepare
     from study.search.records import read_records
     from study.search.runner import run_study
-    from study.spec.sweep import load_study
+    from study.spec.study_file import load_study
     from study.train.trainer import TrialData
 
     out = tmp_path / "out"
@@ -418,7 +418,7 @@ def test_a_sweep_trial_gives_the_metrics_of_study_train_for_the_same_seed(tmp_pa
                                                                           synthetic_lastfm_prepared: Path) -> None:
     """Replicates and reports rely on it: a one-process trial sees exactly study.train's batches."""
     from study.search.runner import run_study
-    from study.spec.sweep import load_study
+    from study.spec.study_file import load_study
     from study.train.trainer import TrialData, run_trial
 
     out = tmp_path / "out"

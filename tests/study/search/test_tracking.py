@@ -28,7 +28,7 @@ def test_an_mlflow_file_store_holds_one_run_per_trial_with_its_epochs(tmp_path: 
 
     from study.search.runner import run_study
     from study.search.tracking import TRIAL_ID_TAG
-    from study.spec.sweep import load_study
+    from study.spec.study_file import load_study
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 refuses new file stores unless told (docs)
     out, store = tmp_path / "out", tmp_path / "mlruns"
@@ -112,7 +112,7 @@ def test_wandb_offline_writes_one_run_per_trial_with_its_epochs(tmp_path: Path, 
     The run file is W&B's binary log, whose records keep every logged key and value as text: each epoch's validation
     NDCG@10, as history.parquet has it, is in its trial's run."""
     from study.search.runner import run_study
-    from study.spec.sweep import load_study
+    from study.spec.study_file import load_study
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-runs"))

@@ -11,7 +11,7 @@ import yaml
 
 from study.search.tracking import tracking_callbacks
 from study.spec.fields import Checkpoints
-from study.spec.sweep import load_study
+from study.spec.study_file import load_study
 from study.spec.yaml_io import StudyConfigError
 
 BASE = """

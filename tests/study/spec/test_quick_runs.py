@@ -14,7 +14,7 @@ import yaml
 
 from study.data import get_recipe
 from study.spec.fields import Budget, Scheduler, default_startup_trials, read_resources
-from study.spec.sweep import load_study
+from study.spec.study_file import load_study
 from study.spec.yaml_io import ConfigErrors, StudyConfigError
 from study.sweep import main
 

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from study.analysis.runs import COMPARABILITY_KEYS
-from study.spec.scaling import TRAIN_KEYS
-from study.spec.sweep import EXECUTION_KEYS
+from study.spec.scaling_file import TRAIN_KEYS
+from study.spec.study_file import EXECUTION_KEYS
 from study.train.results import PROTOCOL_SETTINGS, protocol_of
 from study.train.settings import (
     CONTINUES,
@@ -53,6 +53,6 @@ def test_an_unknown_role_is_refused() -> None:
 
 def test_the_roles_load_without_torch() -> None:
     # study-file readers and the results layout read roles; torch alone takes seconds to import
-    probe = "import sys, study.train.settings, study.spec.scaling; print('torch' in sys.modules)"
+    probe = "import sys, study.train.settings, study.spec.scaling_file; print('torch' in sys.modules)"
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert loaded.stdout.strip() == "False"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import models
-from study.spec.sweep import load_study
+from study.spec.study_file import load_study
 from study.spec.yaml_io import StudyConfigError
 from study.sweep import main
 
