@@ -8,7 +8,7 @@ import importlib
 import pkgutil
 
 from models.base import OBJECTIVES, ModelConfig, SeqRecModel
-from models.registry import ConfigError, available, build, config_fields, make_config, model_class, recorded_config
+from models.registry import ConfigError, available, build, config_fields, make_config, model_class
 
 _SHARED_MODULES = {"base", "blocks", "registry", "mixers"}
 for _module in pkgutil.iter_modules(__path__):
@@ -17,5 +17,5 @@ for _module in pkgutil.iter_modules(__path__):
 
 __all__ = [
     "OBJECTIVES", "ConfigError", "ModelConfig", "SeqRecModel",
-    "available", "build", "config_fields", "make_config", "model_class", "recorded_config",
+    "available", "build", "config_fields", "make_config", "model_class",
 ]

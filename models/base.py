@@ -130,10 +130,6 @@ class ModelConfig:
     max_len: int = knob(200, at_least=2)
     hidden_size: int = positive(64)
 
-    # keys added after runs were recorded, each with what a record without it ran as (the model before the key
-    # existed), which need not be today's default; read by models.recorded_config, never by build
-    ADDED_AFTER: ClassVar[dict[str, Any]] = {}
-
     def constraint_errors(self) -> list[tuple[str, str]]:
         """Return ``(key, message)`` for every violated constraint.
 

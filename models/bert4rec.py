@@ -10,9 +10,8 @@ Choices stated explicitly:
   item embedding plus a per-item output bias, the paper's ``softmax(GELU(h W^P + b^P) E^T + b^O)`` (RecBole 1.2
   has the bias too). The bias joins the house scoring contract ``hidden @ item_weights().T`` as one more
   column: the hidden state ends in a constant 1 and each item's weight row in its bias, so every objective, the
-  evaluator and the exports score ``h·e_i + b_i`` without knowing of it. ``output_bias: false`` leaves it out:
-  the head of a record that lacks the key (``BERT4RecConfig.ADDED_AFTER``), which a study that compares with such
-  records pins.
+  evaluator and the exports score ``h·e_i + b_i`` without knowing of it. ``output_bias: false`` leaves it out,
+  as the head did before the key existed; a study that compares with runs recorded then pins it.
 - The mask token is id ``num_items + 1`` (one extra embedding row); :meth:`item_weights` drops it so it
   is never ranked.
 - Next-item prediction appends the mask token: the window is shifted left by one and the mask sits at
@@ -52,7 +51,6 @@ Cotten4Rec (``models/cotten4rec.py``) reuses this backbone and swaps the token m
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -85,7 +83,6 @@ class BERT4RecConfig(ModelConfig):
     cloze_last_item_samples: bool = False  # one more sample per window that masks only its newest item (§3.6)
     output_bias: bool = True  # the paper's per-item output bias b^O (see "Output head" above)
 
-    ADDED_AFTER: ClassVar[dict[str, Any]] = {"output_bias": False}  # a record without the key ran without the bias
 
 
 @register("bert4rec")

@@ -60,14 +60,6 @@ def make_config(name: str, **hparams: Any) -> ModelConfig:
     return config
 
 
-def recorded_config(name: str, recorded: dict[str, Any]) -> dict[str, Any]:
-    """A model config as a run recorded it, completed for today's zoo: each key added since (its config class's
-    ``ADDED_AFTER``) takes the value the run had, not today's default, so the record rebuilds the model that was
-    trained and its weights load into it."""
-    added = model_class(name).config_class.ADDED_AFTER
-    return {**{key: value for key, value in added.items() if key not in recorded}, **recorded}
-
-
 def build(name: str, **hparams: Any) -> SeqRecModel:
     """Instantiate a registered model from keyword hyperparameters (``num_items`` is required)."""
     return model_class(name)(make_config(name, **hparams))

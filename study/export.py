@@ -35,10 +35,10 @@ import pyarrow.parquet as pq
 import torch
 import yaml
 
-import models
 from study.analysis.runs import TUNE_DIR, load_results, selection_metric
 from study.errors import UserError, print_error
 from study.layout import MODELS_DIR
+from study.schema import upgrade_identity
 from study.train.state import BEST_INFO_FILE, BEST_WEIGHTS_FILE, load_state
 
 DATA_SIZED = ("num_items", "num_users")  # the trainer sizes these from the dataset; never --set by hand
@@ -111,8 +111,9 @@ def write_export(study_dir: Path, out: Path, trial_id: str, study: dict[str, Any
     from study.data import raw_items
 
     weights, info = find_best_model(study_dir, trial_id)
-    # a run recorded before a model key existed rebuilds, and retrains from config.yaml, as it ran (not today's default)
-    model_config = models.recorded_config(info["model"], dict(info["model_config"]))
+    # a run recorded before a key existed rebuilds, and retrains from config.yaml, as it ran (not today's default)
+    info = upgrade_identity(info)
+    model_config = dict(info["model_config"])
     path = prepared_dataset(study, info["dataset"], int(model_config.get("max_len", 50)))
     items = raw_items(path)  # before anything is written: a dataset without the item map is an error
     if out.exists() and any(out.iterdir()):

@@ -29,6 +29,7 @@ import models
 from models import SeqRecModel
 from study.errors import UserError, print_error
 from study.export import DATASET_FILE, HISTORIES_FILE, ITEMS_FILE
+from study.schema import schema_of, upgrade_settings
 from study.train.state import BEST_INFO_FILE, BEST_WEIGHTS_FILE
 
 BATCH_USERS = 512
@@ -67,7 +68,8 @@ def load_exported(folder: str | Path, dataset_meta: dict[str, Any] | None = None
     if dataset_meta is not None and dataset_meta.get("content_hash") != trained_on:
         raise UserError(f"{folder}: the model was trained on {info['dataset'].get('name')} ({trained_on}), not on "
                         f"{dataset_meta.get('name')} ({dataset_meta.get('content_hash')})")
-    model = models.build(info["model"], **models.recorded_config(info["model"], info["model_config"]))
+    model = models.build(info["model"], **upgrade_settings(info["model"], info["model_config"], schema_of(info),
+                                                          scope="model"))
     model.load_state_dict(torch.load(folder / BEST_WEIGHTS_FILE, map_location="cpu", weights_only=True))
     model.eval()
     items = pd.read_parquet(folder / ITEMS_FILE)

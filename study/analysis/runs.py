@@ -40,6 +40,7 @@ from study.layout import (  # noqa: F401 (the names readers look up here too)
     TUNE_DIR,
     table_paths,
 )
+from study.schema import SCHEMA, SCHEMA_KEY, UNSTAMPED, upgrade_settings
 from study.train.settings import RANKING, keys_with
 
 if TYPE_CHECKING:
@@ -154,6 +155,7 @@ def load_results(path: str | Path) -> StudyResults:
             replicate_environments[batch_env.parent.name] = json.loads(batch_env.read_text())
         except json.JSONDecodeError:
             continue  # the batch's rows still count; only its machine description is unknown
+    trials, replicates = upgrade_rows(trials), upgrade_rows(replicates)
     models = trials.loc[ok, "model"].astype(str).unique()
     name = str(study.get("name") or (trials["study"].iloc[0] if "study" in trials else path.name))
     return StudyResults(path=path, name=name, model=",".join(models), trials=trials, replicates=replicates,
@@ -196,6 +198,23 @@ def short_labels(labels: Iterable[str]) -> dict[str, str]:
     for name in short.values():
         counts[name] = counts.get(name, 0) + 1
     return {label: name if counts[name] == 1 else label for label, name in short.items()}
+
+
+def upgrade_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` (a trials or replicates table) with the ``config`` of every row of an earlier schema upgraded to
+    today's keys (:func:`study.schema.upgrade_settings`), so that configurations compare across schemas."""
+    if rows.empty or "config" not in rows or "model" not in rows:
+        return rows
+    schemas = rows[SCHEMA_KEY] if SCHEMA_KEY in rows else [None] * len(rows)
+    configs = []
+    for config, model, schema in zip(rows["config"], rows["model"], schemas):
+        schema = UNSTAMPED if schema is None or schema != schema else int(schema)  # NaN: a row of an older table
+        if schema >= SCHEMA or not isinstance(config, str):
+            configs.append(config)
+        else:
+            configs.append(json.dumps(upgrade_settings(str(model), parse_config(config), schema), sort_keys=True,
+                                      default=str))
+    return rows.assign(config=configs)
 
 
 def parse_config(value: Any) -> dict[str, Any]:

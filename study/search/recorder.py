@@ -33,6 +33,7 @@ from ray.tune import Callback
 import models
 from study.analysis import pareto
 from study.layout import RECORDS_DIR, partial_history_path, table_paths
+from study.schema import SCHEMA, SCHEMA_KEY, schema_of, upgrade_settings
 from study.search.budget import StudyClock
 from study.search.console import WIDTH, abbreviations, fit
 from study.search.records import (
@@ -94,7 +95,9 @@ def build_row(context: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]
     the efficiency figures, so trials stopped early by ASHA get the same columns as trials that ran to the end.
     """
     last = record.get("last_report") or {}
-    settings = {**context["base_settings"], **record.get("config", {})}
+    # a record of an earlier schema (a resumed study's) means its keys as they were then
+    settings = upgrade_settings(context["model"], {**context["base_settings"], **record.get("config", {})},
+                                schema_of(record))
     try:
         train_cfg, hparams = split_settings(context["model"], settings)
         if last.get("device"):  # what ran: the trainer resolves `auto` settings for its device
@@ -112,6 +115,7 @@ def build_row(context: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]
     meta = context["dataset_meta"]
     row: dict[str, Any] = {
         "trial_id": record["trial_id"],
+        SCHEMA_KEY: SCHEMA,
         "study": context["study"],
         "model": context["model"],
         "dataset": meta.get("name"),
@@ -398,6 +402,7 @@ class SweepRecorder(Callback):
         report = {k: v for k, v in last.items() if k not in _TUNE_BOOKKEEPING}
         record = {
             "trial_id": trial.trial_id,
+            SCHEMA_KEY: SCHEMA,
             "status": status,
             "error": error,
             "stop_reason": stop_reason(status, report, settings, scheduler_stop=bool(last.get("done")),

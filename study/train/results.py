@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from study.schema import SCHEMA, SCHEMA_KEY
 from study.train.config import TrainConfig
 from study.train.settings import PROTOCOL, keys_with
 
@@ -58,6 +59,7 @@ def make_result(*, model: str, dataset_meta: dict, objective: str, train_cfg: Tr
                 best_valid: dict, best_test: dict, best_epoch: int, epochs_run: int, efficiency: dict,
                 device: torch.device, extra: dict, wall_time_s: float, popularity: dict) -> dict:
     row: dict[str, Any] = {
+        SCHEMA_KEY: SCHEMA,
         "model": model,
         "dataset": dataset_meta.get("name"),
         "dataset_hash": dataset_meta.get("content_hash"),

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from study.errors import UserError
+from study.schema import SCHEMA, SCHEMA_KEY, upgrade_identity
 from study.train.settings import CONTINUES, keys_with
 
 STATE_FILE = "training_state.pt"
@@ -126,7 +127,7 @@ def continuation(state: TrainingState, overrides: dict[str, Any]) -> tuple[str, 
     """The model name, settings and dataset identity that continue ``state``'s trial: the model config and training
     settings it recorded, with ``overrides`` of :data:`CONTINUATION_KEYS` only. Any other key is refused: the
     continued epochs would then train another configuration than the ones before them."""
-    identity = state.identity
+    identity = upgrade_identity(state.identity)
     if not identity.get("model") or "settings" not in identity:
         raise UserError("this training state records no model identity, so it cannot be continued")
     refused = sorted(set(overrides) - set(CONTINUATION_KEYS))
@@ -145,13 +146,13 @@ def identity_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[
     """How the run about to continue a state differs from the one that wrote it (both :func:`model_identity`
     records), one ``what: before -> now`` line each; empty when the continued epochs train what the earlier ones did.
 
-    :data:`CONTINUATION_KEYS` may differ. A setting or model key the state does not record (one added since it was
-    written) is a difference too: what the earlier version did in its place need not be today's default. A
-    state written before ``cloze_window_step`` existed trained on each user's newest window, and today's default
-    would have continued it on windows over the whole history."""
+    :data:`CONTINUATION_KEYS` may differ. The recorded identity is first read as today's keys mean it
+    (:func:`study.schema.upgrade_identity`): a state written before ``cloze_window_step`` existed trained on each
+    user's newest window, so it continues only where today's run would too. A key the state lacks even so (one
+    whose earlier meaning :mod:`study.schema` does not know) is a difference."""
     if not recorded:
         return []
-    plain = json.loads(json.dumps({"recorded": recorded, "current": current}, default=str))
+    plain = json.loads(json.dumps({"recorded": upgrade_identity(recorded), "current": current}, default=str))
     before, now = plain["recorded"], plain["current"]
     changes = []
     if before.get("model") != now.get("model"):
@@ -175,7 +176,8 @@ def model_identity(model_name: str, model_config: dict[str, Any], train_settings
                    dataset_meta: dict[str, Any]) -> dict[str, Any]:
     """What a trial's weights are: the registry model and its full config, the training settings (the protocol
     included) and the dataset's identity, as plain JSON values."""
-    return {"model": model_name, "model_config": dict(model_config), "settings": dict(train_settings),
+    return {SCHEMA_KEY: SCHEMA, "model": model_name, "model_config": dict(model_config),
+            "settings": dict(train_settings),
             "dataset": {key: dataset_meta.get(key) for key in DATASET_IDENTITY}}
 
 

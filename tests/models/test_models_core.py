@@ -37,21 +37,6 @@ def test_registry_reports_every_bad_key_at_once():
         models.build("sasrec", num_items=5, pool_size=4)
 
 
-def test_a_recorded_config_rebuilds_the_model_that_was_trained_not_todays_default():
-    """A run recorded before BERT4Rec had ``output_bias`` trained without the bias: its record, which lacks the key,
-    must rebuild that model so its weights load (exports, ``study.recommend``), while today's default has it."""
-    then = models.build("bert4rec", num_items=30, max_len=8, output_bias=False)
-    record = {key: value for key, value in then.config.to_dict().items() if key != "output_bias"}
-    with pytest.raises(RuntimeError, match="output_bias"):
-        models.build("bert4rec", **record).load_state_dict(then.state_dict())
-    rebuilt = models.build("bert4rec", **models.recorded_config("bert4rec", record))
-    rebuilt.load_state_dict(then.state_dict())
-    assert rebuilt.output_bias is None
-    # a key the record holds is kept, and a model without such keys is left as recorded
-    assert models.recorded_config("bert4rec", {**record, "output_bias": True})["output_bias"] is True
-    assert models.recorded_config("sasrec", {"num_items": 30}) == {"num_items": 30}
-
-
 def test_sasrec_is_causal_changing_the_future_leaves_the_past_unchanged(assert_differ):
     model = models.build("sasrec", num_items=40, max_len=12).eval()
     items = _window(40, 12, pad=3)

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 import models
+from study.schema import SCHEMA, SCHEMA_KEY
 from study.search import recorder as recorder_module
 from study.search.recorder import SweepRecorder, TableWriter
 from study.search.records import read_records
@@ -136,7 +137,7 @@ def test_a_row_records_the_trimming_that_ran_on_its_device(device: str | None, t
     context = {"study": "s", "model": "sasrec", "model_defaults": {}, "dataset_meta": {"name": "synthetic"},
                "base_settings": {"max_epochs": 2}}
     last = {"epoch": 1, "best_valid_ndcg@10": 0.1, **({"device": device} if device else {})}
-    row = recorder_module.build_row(context, {"trial_id": "t0", "status": "completed", "config": {},
+    row = recorder_module.build_row(context, {"trial_id": "t0", SCHEMA_KEY: SCHEMA, "status": "completed", "config": {},
                                               "last_report": last})
     assert row["config.trim_padding"] is trimmed
 
@@ -151,6 +152,6 @@ def test_a_row_records_the_cloze_windows_that_ran(model: str, objective: str | N
     context = {"study": "s", "model": model, "model_defaults": {}, "dataset_meta": {"name": "synthetic"},
                "base_settings": {"max_epochs": 2, **settings}}
     last = {"epoch": 1, "best_valid_ndcg@10": 0.1, **({"objective": objective} if objective else {})}
-    row = recorder_module.build_row(context, {"trial_id": "t0", "status": "completed", "config": {},
+    row = recorder_module.build_row(context, {"trial_id": "t0", SCHEMA_KEY: SCHEMA, "status": "completed", "config": {},
                                               "last_report": last})
     assert row["config.cloze_window_step"] == step if step is not None else row["config.cloze_window_step"] is None

@@ -1,0 +1,78 @@
+"""What a saved record's keys meant when it was written: one schema version, one upgrade path.
+
+Every record the platform writes and reads back later carries :data:`SCHEMA` under :data:`SCHEMA_KEY`: a trial's
+record (``trials/<trial_id>.json``) and its row (``trials.parquet``), a training state's identity and a best
+model's ``model.json``. A record without the key was written before schemas were stamped (schema 1).
+
+When a key is added to a model's config or to the trainer's settings, what a record that lacks it ran with need
+not be today's default: a BERT4Rec trained before ``output_bias`` existed had no bias, while today's default has
+one. :data:`ADDED` says, once for every such key, from which schema on records carry it and what the runs before
+ran with; :data:`RENAMED` maps keys that were renamed to today's names. :func:`upgrade_settings` is the one upgrade
+path: every reader that rebuilds a model, continues a training state or compares settings across records passes
+the recorded settings through it first. This module imports neither torch nor pandas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+SCHEMA = 2  # 2: records carry `schema`; every key ADDED at 2 or earlier is in every record of schema 2 or later
+SCHEMA_KEY = "schema"
+UNSTAMPED = 1  # the schema of a record that carries none
+
+
+@dataclass(frozen=True)
+class Added:
+    """A key that records of schemas before ``schema`` may lack, and what the runs that wrote them ran with."""
+
+    schema: int
+    key: str
+    before: Any
+    model: str = ""  # the model whose config has the key; "" for a trainer setting (every model)
+
+
+ADDED = (
+    # the paper's output bias; the head before it had none
+    Added(2, "output_bias", False, model="bert4rec"),
+    # before the setting existed, every objective trained on each user's newest window only
+    Added(2, "cloze_window_step", 0),
+)
+RENAMED: dict[str, str] = {}  # an old key -> today's key, applied before ADDED
+SCOPES = ("model", "trainer", "all")
+
+
+def schema_of(record: dict[str, Any]) -> int:
+    """The schema a record was written under (:data:`UNSTAMPED` when it carries none)."""
+    value = record.get(SCHEMA_KEY)
+    return UNSTAMPED if value is None else int(value)
+
+
+def upgrade_settings(model: str, settings: dict[str, Any], schema: int, *, scope: str = "all") -> dict[str, Any]:
+    """``settings`` of a record of ``model`` written under ``schema``, as today's keys mean them: renamed keys take
+    today's names, and each key added since takes the value the run had. ``scope`` says which keys ``settings``
+    holds: ``model`` (a model config), ``trainer`` (trainer settings) or ``all`` (both, as a row's columns).
+
+    A key is filled only where the record lacks it: a record that has it ran with its own value."""
+    if scope not in SCOPES:
+        raise ValueError(f"scope must be one of {SCOPES}, got {scope!r}")
+    upgraded = {RENAMED.get(key, key): value for key, value in settings.items()}
+    for added in ADDED:
+        in_scope = scope == "all" or (scope == "model") == bool(added.model)
+        if schema < added.schema and added.model in ("", model) and in_scope and added.key not in upgraded:
+            upgraded[added.key] = added.before
+    return upgraded
+
+
+def upgrade_identity(identity: dict[str, Any]) -> dict[str, Any]:
+    """A training state's or a best model's identity (:func:`study.train.state.model_identity`) with its model config
+    and settings upgraded (:func:`upgrade_settings`), stamped with today's schema."""
+    if not identity:
+        return identity
+    schema, model = schema_of(identity), identity.get("model", "")
+    upgraded = dict(identity, **{SCHEMA_KEY: SCHEMA})
+    if "model_config" in identity:
+        upgraded["model_config"] = upgrade_settings(model, identity["model_config"], schema, scope="model")
+    if "settings" in identity:
+        upgraded["settings"] = upgrade_settings(model, identity["settings"], schema, scope="trainer")
+    return upgraded

@@ -1,0 +1,62 @@
+"""One schema version on saved records and one upgrade path: a record written before a key existed is read as it
+ran, not with today's default, wherever it is read (a rebuilt model, a continued state, a results table)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+import models
+from study.analysis.runs import upgrade_rows
+from study.schema import SCHEMA, SCHEMA_KEY, UNSTAMPED, schema_of, upgrade_identity, upgrade_settings
+from study.train.settings import TrainConfig
+from study.train.state import identity_changes, model_identity
+
+
+def test_a_recorded_config_rebuilds_the_model_that_was_trained_not_todays_default() -> None:
+    """A run recorded before BERT4Rec had ``output_bias`` trained without the bias: its record, which lacks the key,
+    must rebuild that model so its weights load (exports, ``study.recommend``), while today's default has it."""
+    then = models.build("bert4rec", num_items=30, max_len=8, output_bias=False)
+    record = {key: value for key, value in then.config.to_dict().items() if key != "output_bias"}
+    with pytest.raises(RuntimeError, match="output_bias"):
+        models.build("bert4rec", **record).load_state_dict(then.state_dict())
+    rebuilt = models.build("bert4rec", **upgrade_settings("bert4rec", record, UNSTAMPED, scope="model"))
+    rebuilt.load_state_dict(then.state_dict())
+    assert rebuilt.output_bias is None
+    # a key the record holds is kept; a model without such keys, and a record of today's schema, are left as recorded
+    assert upgrade_settings("bert4rec", {**record, "output_bias": True}, UNSTAMPED)["output_bias"] is True
+    assert upgrade_settings("sasrec", {"num_items": 30}, UNSTAMPED, scope="model") == {"num_items": 30}
+    assert upgrade_settings("bert4rec", record, SCHEMA) == record
+
+
+def test_each_scope_gets_only_its_own_keys() -> None:
+    trainer = upgrade_settings("bert4rec", {"lr": 0.001}, UNSTAMPED, scope="trainer")
+    assert "output_bias" not in trainer and trainer["cloze_window_step"] == 0
+    assert "cloze_window_step" not in upgrade_settings("bert4rec", {}, UNSTAMPED, scope="model")
+    with pytest.raises(ValueError, match="scope"):
+        upgrade_settings("sasrec", {}, UNSTAMPED, scope="trainr")
+
+
+def test_a_state_from_before_a_setting_continues_only_where_it_trained_the_same() -> None:
+    settings = vars(TrainConfig(objective="cloze", cloze_window_step=0))
+    current = model_identity("bert4rec", {"max_len": 8, "output_bias": False}, settings, {"content_hash": "h"})
+    assert schema_of(current) == SCHEMA
+    old = {key: value for key, value in current.items() if key != SCHEMA_KEY}
+    old = {**old, "model_config": {"max_len": 8}, "settings": {k: v for k, v in settings.items()
+                                                                if k != "cloze_window_step"}}
+    assert schema_of(old) == UNSTAMPED and upgrade_identity(old)[SCHEMA_KEY] == SCHEMA
+    assert identity_changes(old, current) == []  # it trained on the newest window and without a bias, as now
+    windows = model_identity("bert4rec", {"max_len": 8, "output_bias": False},
+                             {**settings, "cloze_window_step": 5}, {"content_hash": "h"})
+    assert identity_changes(old, windows) == ["cloze_window_step: 0 -> 5"]
+
+
+def test_rows_of_an_earlier_schema_compare_with_todays() -> None:
+    today = {"lr": 0.001, "cloze_window_step": 0, "output_bias": False}
+    rows = pd.DataFrame({"model": ["bert4rec", "bert4rec"], SCHEMA_KEY: [None, SCHEMA],
+                         "config": [json.dumps({"lr": 0.001}), json.dumps(today, sort_keys=True)]})
+    upgraded = upgrade_rows(rows)
+    assert [json.loads(c) for c in upgraded["config"]] == [today, today]
+    assert upgrade_rows(rows.drop(columns=[SCHEMA_KEY]))["config"].iloc[0] == json.dumps(today, sort_keys=True)
