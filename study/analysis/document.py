@@ -31,6 +31,7 @@ metric, studies evaluated under different protocols) is a :class:`~study.errors.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -326,10 +327,13 @@ def significance_tests(doc: Document, ctx: ReportContext) -> None:
              "(paired when both sides ran the same seeds, Welch's otherwise), a rank test as robustness check "
              "(Wilcoxon signed-rank when paired, Mann–Whitney U otherwise), Cohen's d_z (paired) or d (pooled "
              f"SD) with an approximate 95 % interval (from {significance.POWERED_SEEDS} seeds per side on), the 95 % "
-             "confidence interval of the mean difference (model − reference), and the smallest standardized effect "
-             f"each test detects with power {significance.TARGET_POWER} at alpha 0.05. p-values are "
-             f"Holm–Bonferroni adjusted over all {len(sig)} comparisons of this report (the rank-test p-values as "
-             f"a family of their own); * = adjusted t-test p < {ctx.options.alpha}.")
+             "confidence interval of the mean difference (model − reference), the smallest difference each test "
+             f"detects with power {significance.TARGET_POWER} at alpha 0.05 (MDE, from the observed spread; its "
+             "standardized size beside it) and the seeds per side that would detect the observed difference "
+             f"(seeds for Δ). p-values are Holm–Bonferroni adjusted over all {len(sig)} comparisons of this report "
+             f"(the rank-test p-values as a family of their own); * = adjusted t-test p < {ctx.options.alpha}. "
+             "Reading: higher or lower than the reference where the adjusted p is below alpha, else inconclusive "
+             "(a test that does not separate two models does not show them equal: compare Δ with the MDE).")
     low_power = low_power_note(sig)
     if low_power:
         doc.warning(low_power)
@@ -434,6 +438,18 @@ def low_power_note(sig: pd.DataFrame) -> str:
             "find moderate differences.")
 
 
+def _detectable_text(s: pd.Series) -> str:
+    """The smallest difference the test detects, in the metric's units, with its standardized size beside it."""
+    if not s["mde"] > 0:
+        return "–"
+    standardized = f"{'d_z' if s['test'] == 'paired-t' else 'd'} ≥ {fmt(s['mde'])}"
+    return f"{fmt(s['mde_diff'])} ({standardized})" if math.isfinite(s["mde_diff"]) else standardized
+
+
+def _seeds_text(seeds: float) -> str:
+    return "–" if math.isnan(seeds) else "> 1,000,000" if math.isinf(seeds) else f"{seeds:,.0f}"
+
+
 def _significance_display(sig: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for _, s in sig.iterrows():
@@ -443,7 +459,8 @@ def _significance_display(sig: pd.DataFrame) -> pd.DataFrame:
                      "mean diff": fmt(s["mean_diff"]), "95% CI": ci,
                      "t (df)": f"{fmt(s['t'])} ({s['df']:.4g})" if not pd.isna(s["t"]) else "–",
                      "p": fmt_p(s["p"]), "p Holm": fmt_p(s["p_holm"]) + ("*" if is_set(s["significant"]) else ""),
-                     "effect": _effect_text(s), "detectable effect": f"≥ {fmt(s['mde'])}" if s["mde"] > 0 else "–",
+                     "reading": s["reading"] or "–", "effect": _effect_text(s), "detectable (MDE)": _detectable_text(s),
+                     "seeds for Δ": _seeds_text(s["seeds_needed"]),
                      "rank test p (Holm)": f"{fmt_p(s['robust_p'])} ({fmt_p(s['robust_p_holm'])})"
                      if s["robust_test"] else "–", "note": s["note"] or ""})
     return pd.DataFrame(rows)

@@ -16,14 +16,19 @@ With fewer than :data:`POWERED_SEEDS` seeds on a side a test has little power: e
 smallest standardized effect (|d_z| paired, |d| unpaired) that a two-sided t-test at ``alpha`` detects with
 probability ``power`` at that n (:func:`minimum_detectable_effect`, from the noncentral t distribution), and
 its effect size is marked unreliable; from :data:`POWERED_SEEDS` seeds on, the effect size gets an approximate
-confidence interval (normal approximation of its standard error, Hedges & Olkin 1985).
+confidence interval (normal approximation of its standard error, Hedges & Olkin 1985). The same question in the
+metric's own units: ``mde_diff``, the smallest true difference the test detects with that power
+(:func:`detectable_difference`), and ``seeds_needed``, the seeds per side that would detect the observed difference
+(:func:`seeds_needed`); both at alpha 0.05 before any correction, from the observed spread.
 
 Every test is two-sided. The 95 % confidence interval of the mean difference (candidate − reference) comes
 from the t result's ``confidence_interval()``. :func:`holm` adjusts a family of p-values (Holm–Bonferroni
 step-down, which controls the family-wise error rate); a report adjusts all its t-test p-values together and,
 as a separate family, all its robustness p-values. scipy has no Holm (``false_discovery_control`` is
 Benjamini–Hochberg, a different error rate), so the adjustment is implemented here; it is arithmetic on the
-p-values, not a test.
+p-values, not a test. :func:`adjust` then reads each comparison three ways: ``higher`` or ``lower`` where the
+Holm-adjusted p is below alpha (the difference lies on that side of 0), ``inconclusive`` where it is not. "No
+different" is never a reading: no interval can show a difference of exactly 0.
 """
 
 from __future__ import annotations
@@ -98,7 +103,8 @@ def compare(candidate: pd.Series, reference: pd.Series, confidence: float = 0.95
         "df": float("nan"), "p": float("nan"), "effect": float("nan"), "effect_kind": "",
         "robust_test": "", "robust_p": float("nan"), "note": "",
         "mde": minimum_detectable_effect(len(a), len(b), paired), "effect_reliable": False,
-        "effect_ci_low": float("nan"), "effect_ci_high": float("nan"),
+        "effect_ci_low": float("nan"), "effect_ci_high": float("nan"), "mde_diff": float("nan"),
+        "seeds_needed": float("nan"),
     }
     if len(a) and len(b):
         row["mean_diff"] = row["mean_candidate"] - row["mean_reference"]
@@ -118,6 +124,7 @@ def compare(candidate: pd.Series, reference: pd.Series, confidence: float = 0.95
             degenerate = _no_spread(sd, x, y)
             row.update(test="paired-t", effect=float("nan") if degenerate else _finite(diff.mean() / sd),
                        effect_kind="dz", robust_test="wilcoxon-signed-rank")
+            se, spread = sd / math.sqrt(len(diff)), sd
             try:
                 row["robust_p"] = _finite(stats.wilcoxon(x, y, alternative="two-sided").pvalue)
             except ValueError as error:  # e.g. every difference is zero
@@ -129,6 +136,8 @@ def compare(candidate: pd.Series, reference: pd.Series, confidence: float = 0.95
             pooled = np.sqrt(((len(x) - 1) * x.var(ddof=1) + (len(y) - 1) * y.var(ddof=1)) / (len(x) + len(y) - 2))
             row.update(test="welch-t", effect=float("nan") if degenerate else _finite((x.mean() - y.mean()) / pooled),
                        effect_kind="d", robust_test="mann-whitney-u")
+            se = math.sqrt(x.var(ddof=1) / len(x) + y.var(ddof=1) / len(y))
+            spread = math.sqrt(x.var(ddof=1) + y.var(ddof=1))
             row["robust_p"] = _finite(stats.mannwhitneyu(x, y, alternative="two-sided").pvalue)
             if set(a.index) & set(b.index):
                 notes.append("seeds differ between the sides: unpaired test")
@@ -140,7 +149,8 @@ def compare(candidate: pd.Series, reference: pd.Series, confidence: float = 0.95
             notes.append("no variance across seeds: the t statistic is undefined, no p-value")
         else:
             row.update(t=_finite(result.statistic), p=_finite(result.pvalue), ci_low=_finite(interval.low),
-                       ci_high=_finite(interval.high))
+                       ci_high=_finite(interval.high), mde_diff=detectable_difference(se, row["df"]),
+                       seeds_needed=seeds_needed(row["mean_diff"], spread, paired))
     row["effect_reliable"] = min(len(a), len(b)) >= POWERED_SEEDS and not np.isnan(row["effect"])
     if row["effect_reliable"]:
         row["effect_ci_low"], row["effect_ci_high"] = effect_interval(row["effect"], len(a), len(b), paired,
@@ -176,6 +186,44 @@ def minimum_detectable_effect(n_candidate: int, n_reference: int, paired: bool, 
     return float(optimize.brentq(shortfall, 0.0, upper, xtol=1e-6))
 
 
+def detectable_difference(se: float, df: float, alpha: float = 0.05, power: float = TARGET_POWER) -> float:
+    """The smallest true difference a two-sided t-test at ``alpha`` detects with probability ``power``, in the
+    units of the tested statistic: (t_{1−α/2, df} + t_{power, df}) · se.
+
+    ``se`` is the statistic's standard error (sd/√n of paired differences or of one sample; √(s₁²/n₁ + s₂²/n₂)
+    for Welch's test). The sum of two central t quantiles is the usual closed-form power approximation (it
+    neglects the far tail and the noncentral t's skew, a few per cent at n = 5). NaN without a spread or df.
+    """
+    if not (se > 0 and df >= 1) or not math.isfinite(se):
+        return float("nan")
+    return float((stats.t.ppf(1 - alpha / 2, df) + stats.t.ppf(power, df)) * se)
+
+
+def seeds_needed(effect: float, spread: float, paired: bool = True, alpha: float = 0.05,
+                 power: float = TARGET_POWER, most: int = 1_000_000) -> float:
+    """The fewest seeds whose test detects a true difference ``effect`` (by :func:`detectable_difference`).
+
+    Paired, or one sample against a fixed value: ``spread`` is the sd of the per-seed differences (or values), the
+    test's se = spread/√n with n − 1 df. Unpaired: n seeds per side, ``spread`` = √(s₁² + s₂²), se = spread/√n with
+    2n − 2 df. NaN without an effect or a spread; inf beyond ``most`` seeds.
+    """
+    effect = abs(effect)
+    if not (effect > 0 and spread > 0) or not math.isfinite(effect / spread):
+        return float("nan")
+
+    def detects(n: int) -> bool:
+        return detectable_difference(spread / math.sqrt(n), n - 1 if paired else 2 * n - 2, alpha, power) <= effect
+
+    # the normal-quantile n is a lower bound (t quantiles exceed z's); count up from it
+    z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)
+    n = max(MIN_SEEDS, math.floor((z * spread / effect) ** 2))
+    if n > most:
+        return float("inf")
+    while not detects(n):
+        n += 1
+    return float(n)
+
+
 def effect_interval(effect: float, n_candidate: int, n_reference: int, paired: bool,
                     confidence: float = 0.95) -> tuple[float, float]:
     """Approximate confidence interval of Cohen's d_z (paired) or d: effect ± z·SE, with SE² = 1/n + d²/(2n)
@@ -209,16 +257,25 @@ def adjust(table: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
     """Add Holm-adjusted ``p_holm`` / ``robust_p_holm`` over all the rows of ``table``, and ``significant``.
 
     ``significant`` is True where the Holm-adjusted t-test p-value is below ``alpha``, False where it is not,
-    and missing (NA) where no test could run.
+    and missing (NA) where no test could run; ``reading`` says the same in words: ``higher`` / ``lower`` (the
+    candidate against the reference), ``inconclusive``, or empty where no test could run.
     """
     table = table.copy()
     if table.empty:
         for column in ("p_holm", "robust_p_holm"):
             table[column] = pd.Series(dtype=float)
         table["significant"] = pd.Series(dtype="boolean")
+        table["reading"] = pd.Series(dtype=str)
         return table
     table["p_holm"] = holm(table["p"].tolist())
     table["robust_p_holm"] = holm(table["robust_p"].tolist())
     significant = pd.array([pd.NA if np.isnan(p) else bool(p < alpha) for p in table["p_holm"]], dtype="boolean")
     table["significant"] = significant
+    table["reading"] = [_reading(flag, diff) for flag, diff in zip(significant, table["mean_diff"])]
     return table
+
+
+def _reading(significant: Any, diff: float) -> str:
+    if pd.isna(significant):
+        return ""
+    return ("higher" if diff > 0 else "lower") if significant else "inconclusive"

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from study.analysis.claims import CAMPAIGN_KINDS, PUBLISHED_KINDS, Claim
+from study.analysis.claims import CAMPAIGN_KINDS, PUBLISHED_KINDS, ROLES, Claim
 from study.errors import UserError
 from study.spec.yaml_io import NAME_PATTERN, ConfigErrors, StudyConfigError, is_number, read_yaml
 
@@ -21,7 +21,8 @@ TOP_LEVEL = ("name", "prefix", "seeds", "epoch_limit", "metrics", "reference", "
              "reports", "studies", "ablations", "datasets", "claims")
 DATASET_KEYS = ("recipe", "source", "download", "studies", "choose")
 CHOOSE_KEYS = ("count", "from", "metric", "ratio_to", "over")
-CLAIM_KEYS = ("text", "source", "candidate", "reference", "kind", "bound", "metrics", "dataset", "published")
+CLAIM_KEYS = ("text", "source", "candidate", "reference", "kind", "bound", "metrics", "dataset", "published",
+              "paper_effect", "role")
 DEFAULT_METRICS = ("test_hr@10", "test_ndcg@10", "test_mrr@10")
 
 
@@ -241,12 +242,30 @@ def _claim(item: Any, where: tuple, errors: ConfigErrors) -> Claim:
     metrics = _names(item.get("metrics"), where + ("metrics",), errors) or ("test_ndcg@10",)
     if published and metrics[0] not in published:
         errors.add(where + ("metrics",), f"{metrics[0]} (the judged metric) has no published value")
+    paper_effect, role = _paper_effect(item, kind, where, errors), _text(item, where + ("role",), errors)
+    if role and role not in ROLES:
+        errors.add(where + ("role",), f"unknown role {role!r}; one of {', '.join(ROLES)}")
     return Claim(text=_text(item, where + ("text",), errors, required=True),
                  source=_text(item, where + ("source",), errors, required=True),
                  candidate=_text(item, where + ("candidate",), errors, required=True), kind=kind,
                  reference=_text(item, where + ("reference",), errors), bound=float(bound), metrics=metrics,
                  dataset=_text(item, where + ("dataset",), errors),
-                 published=tuple((str(m), float(v)) for m, v in published.items()))
+                 published=tuple((str(m), float(v)) for m, v in published.items()), paper_effect=paper_effect,
+                 role=role if role in ROLES else "")
+
+
+def _paper_effect(item: dict, kind: str, where: tuple, errors: ConfigErrors) -> float | None:
+    """The paper's relative effect (candidate / reference − 1 at its numbers), for a claim against a study."""
+    value = item.get("paper_effect")
+    if value is None:
+        return None
+    if not is_number(value):
+        errors.add(where + ("paper_effect",), f"expected a number (e.g. 0.07 for +7 %), got {value!r}")
+        return None
+    if kind in PUBLISHED_KINDS:
+        errors.add(where + ("paper_effect",), "a published row's claim has no paper effect: the row is the paper's")
+        return None
+    return float(value)
 
 
 def _check_references(campaign: Campaign, errors: ConfigErrors) -> None:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from study.analysis.claims import Claim
+from study.analysis.claims import CONTRADICTED, HOLDS, Claim
 from study.spec.scaling_file import EXPECTED_GROWTH, METRICS
 
 if TYPE_CHECKING:
@@ -144,7 +144,7 @@ def expectation(row: Any) -> str:
 class ClaimResult:
     claim: Claim
     batch: str
-    verdict: str  # met | missed | not tested
+    verdict: str  # holds | contradicted (one measurement each side: no interval) | not tested
     line: str
 
 
@@ -157,7 +157,8 @@ def format_value(value: float, unit: str = "") -> str:
 
 
 def check_claims(frame: Any, study: ScalingStudy) -> list[ClaimResult]:
-    """Each claim against the measured cells: met or missed with the numbers, or why it could not be tested."""
+    """Each claim against the measured cells: holds or contradicted with the numbers, or why it could not be
+    tested. A cell is one measurement per model, with no interval, so there is no third verdict."""
     results = []
     for claim in study.claims:
         metric, cell = claim.metrics[0], claim.where
@@ -189,7 +190,7 @@ def check_claims(frame: Any, study: ScalingStudy) -> list[ClaimResult]:
                                            f"{claim.reference} {format_value(reference, unit)})."))
                 continue
             ratio, factor = value / reference, reference / value
-            met = claim.holds(value, reference)
+            holds = claim.holds(value, reference)
             if metric == "memory":
                 change = f"{abs(1 - ratio):.0%} {'less' if ratio <= 1 else 'more'} memory"
             else:
@@ -197,7 +198,7 @@ def check_claims(frame: Any, study: ScalingStudy) -> list[ClaimResult]:
             measured = (f"{claim.candidate} {format_value(value, unit)} vs {claim.reference} "
                         f"{format_value(reference, unit)}: model/reference {ratio:.3f}×, "
                         f"reference/model {factor:.2f}× ({change})")
-            verdict = "met" if met else "missed"
+            verdict = HOLDS if holds else CONTRADICTED
             results.append(ClaimResult(claim, batch, verdict,
                                        f"**{verdict}**: {head} [{where}; needs {bound}]: {measured}."))
     return results

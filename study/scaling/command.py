@@ -24,7 +24,7 @@ optimisation step (forward + backward + Adam, :class:`study.train.step.TrainStep
 4. ``results/<study>/`` (or ``storage:``): ``cells.parquet`` + ``cells.csv`` (one row per cell, failures
    included), ``summary.csv``, log-log plots of memory and time against N and ratio plots against the
    reference model (PNG + SVG), ``scaling.md`` (growth exponents with R², ratios at ``compare_length``, paper
-   claims met or missed with the numbers) and ``environment.json``.
+   claims holding or contradicted, with the numbers) and ``environment.json``.
 
 The schema is in ``docs/scaling.md`` and :data:`SCHEMA_HELP`. The pieces: :mod:`study.spec.scaling_file` (the file,
 step 1), :mod:`study.scaling.cells` (batches and the measuring process), :mod:`study.scaling.schedule` (Ray),

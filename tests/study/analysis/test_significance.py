@@ -7,7 +7,15 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from study.analysis.significance import NO_TEST_NOTE, adjust, compare, compare_many, holm
+from study.analysis.significance import (
+    NO_TEST_NOTE,
+    adjust,
+    compare,
+    compare_many,
+    detectable_difference,
+    holm,
+    seeds_needed,
+)
 
 # Student's sleep data (Cushny & Peebles 1905, R's `sleep`): extra hours of sleep of 10 patients under two drugs.
 DRUG1 = [0.7, -1.6, -0.2, -1.2, -0.1, 3.4, 3.7, 0.8, 0.0, 2.0]
@@ -109,3 +117,29 @@ def test_adjust_marks_significance_over_the_whole_family() -> None:
     assert table["p_holm"].iloc[0] == pytest.approx(table["p"].iloc[0])
     assert bool(table["significant"].iloc[0]) is True
     assert pd.isna(table["significant"].iloc[1])
+    assert table["reading"].tolist() == ["lower", ""]  # drug 1 gives less sleep; b has no test
+
+
+def test_a_comparison_the_family_does_not_separate_reads_inconclusive_never_no_different() -> None:
+    groups = {"sasrec": by_seed(DRUG2), "a": by_seed(DRUG1), "c": by_seed([v + 0.1 for v in DRUG2[::-1]])}
+    table = adjust(pd.DataFrame(compare_many(groups, "sasrec", "test_ndcg@10")))
+    assert table["reading"].tolist() == ["lower", "inconclusive"]
+    assert set(adjust(pd.DataFrame(compare_many({"sasrec": by_seed(DRUG1)}, "sasrec", "m")))) >= {"reading"}
+
+
+def test_the_detectable_difference_and_the_seeds_needed_match_the_t_quantiles() -> None:
+    # paired differences 0.01 .. 0.05: sd = 0.0158114, se = sd / sqrt(5) = 0.0070711, df = 4;
+    # t_0.975,4 = 2.7764, t_0.8,4 = 0.9410: MDE = 3.7174 * 0.0070711 = 0.026286
+    sd = np.std([0.01, 0.02, 0.03, 0.04, 0.05], ddof=1)
+    assert detectable_difference(sd / np.sqrt(5), 4) == pytest.approx(0.026286, abs=1e-6)
+    # an effect of 0.01: n = 22 detects it, (2.0796 + 0.8591) * sd / sqrt(22) = 0.009906; n = 21 does not,
+    # (2.0860 + 0.8600) * sd / sqrt(21) = 0.010165
+    assert seeds_needed(0.01, sd) == 22 and seeds_needed(-0.01, sd) == 22
+    # unpaired, n per side, spread sqrt(s1² + s2²), 2n - 2 df: (2.0211 + 0.8507) * sd / sqrt(21) = 0.009909
+    assert seeds_needed(0.01, sd, paired=False) == 21
+    assert np.isnan(seeds_needed(0.0, sd)) and np.isnan(detectable_difference(0.0, 4))
+    assert seeds_needed(1e-9, sd, most=1000) == float("inf")
+    row = compare(by_seed([0.06, 0.07, 0.08, 0.09, 0.10]), by_seed([0.05] * 5))
+    assert row["mde_diff"] == pytest.approx(0.026286, abs=1e-6)
+    # the observed difference, 0.03: five pairs, as the MDE at n = 5 (0.0263) is below it and at n = 4 (0.0329) not
+    assert row["seeds_needed"] == 5

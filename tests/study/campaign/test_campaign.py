@@ -111,6 +111,22 @@ def test_a_published_row_needs_its_dataset_and_the_judged_metric(campaign_file: 
         "claims[1].dataset: required", "claims[1].metrics: test_ndcg@10 (the judged metric) has no published value"]
 
 
+def test_a_claim_may_state_the_papers_effect_and_its_role(campaign_file: Path) -> None:
+    stated = CAMPAIGN.replace("kind: better}", "kind: better, paper_effect: 0.073, role: primary}")
+    campaign_file.write_text(stated)
+    claim = load_campaign(campaign_file).claims[0]
+    assert claim.paper_effect == pytest.approx(0.073) and claim.role == "primary"
+    assert load_campaign(campaign_file).claims[1].paper_effect is None
+    wrong = stated.replace("0.073", "big").replace("primary", "main")
+    campaign_file.write_text(wrong.replace("kind: beat,", "kind: beat, paper_effect: 1,"))
+    with pytest.raises(StudyConfigError) as error:
+        load_campaign(campaign_file)
+    assert [p.split(": ", 1)[1] for p in error.value.lines()] == [
+        "claims[0].paper_effect: expected a number (e.g. 0.07 for +7 %), got 'big'",
+        "claims[0].role: unknown role 'main'; one of primary, secondary",
+        "claims[1].paper_effect: a published row's claim has no paper effect: the row is the paper's"]
+
+
 def test_an_override_may_change_where_a_study_runs_but_never_its_protocol(campaign_file: Path, capsys) -> None:
     run = ["resources.gpu=0.2", "resources.cpu=1", "checkpoint.every=0"]
     assert check_run_overrides(run) == run

@@ -90,7 +90,7 @@ def _frame(rows: list[tuple]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns)
 
 
-def test_claims_are_met_missed_or_not_tested_with_the_numbers():
+def test_claims_hold_are_contradicted_or_not_tested_with_the_numbers():
     study = resolve({
         "name": "claims", "dataset": "synthetic", "lengths": [512, 1024], "batch_sizes": [8],
         "models": [{"label": "sasrec-math", "model": "sasrec", "config": {"attention_backend": "math"}},
@@ -118,7 +118,8 @@ def test_claims_are_met_missed_or_not_tested_with_the_numbers():
     results = {r.claim.text: r for r in analysis.check_claims(frame, study)}
     assert results["90% less memory"].verdict == "not tested"
     assert "sasrec-math oom" in results["90% less memory"].line
-    assert results["2.7x faster"].verdict == "missed"  # 100 ms / 50 ms = 2.0x
+    assert results["2.7x faster"].verdict == "contradicted"  # 100 ms / 50 ms = 2.0x
+    assert "**contradicted**: ELASTIC: 2.7x faster" in results["2.7x faster"].line
     assert "2.00×" in results["2.7x faster"].line and "100" in results["2.7x faster"].line
     untested = results["78x less memory"]
     assert untested.verdict == "not tested" and "not in this grid" in untested.line
@@ -127,7 +128,7 @@ def test_claims_are_met_missed_or_not_tested_with_the_numbers():
 
     frame.loc[frame["status"] == "oom", ["status", "error", "peak_mem_mb", "time_ms_median"]] = ["ok", "", 800.0, 90.0]
     results = {r.claim.text: r for r in analysis.check_claims(frame, study)}
-    assert results["90% less memory"].verdict == "met" and "0.050×" in results["90% less memory"].line
+    assert results["90% less memory"].verdict == "holds" and "0.050×" in results["90% less memory"].line
     summary = analysis.summarise(frame, study).set_index(["label", "mode"])
     assert summary.loc[("elastic", "train"), "memory_vs_reference"] == pytest.approx(0.05)
     assert summary.loc[("elastic", "inference"), "speedup_vs_reference"] == pytest.approx(2.0)
@@ -299,7 +300,7 @@ def test_tiny_study_end_to_end(ray_cluster, synthetic_lastfm_file, data_cache, t
     assert len(summary) == 4 and summary["memory_exponent"].notna().all()
     markdown = (out / "scaling.md").read_text()
     assert "| sasrec-math | train | 16 |" in markdown and "| linrec | inference | 16 |" in markdown
-    assert "**met**: P: less training memory" in markdown
+    assert "**holds**: P: less training memory" in markdown
     assert "**not tested**: P: far longer sequences" in markdown and "not in this grid" in markdown
     env = json.loads((out / "environment.json").read_text())
     assert env["hardware"]["cpus_usable"] >= 1 and env["packages"]["torch"]
