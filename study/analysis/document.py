@@ -233,7 +233,8 @@ def introduction(doc: Document, ctx: ReportContext) -> None:
                     "from different protocols are not comparable; read each row in its own context.")
     if ctx.efficiency_notes:
         doc.warning("EFFICIENCY FIGURES DIFFER IN HOW THEY WERE MEASURED: " + "; ".join(ctx.efficiency_notes) + ". "
-                    "Memory and latency compare only between runs measured the same way; read the fronts with care.")
+                    "Memory, latency and energy compare only between runs measured the same way; read the fronts "
+                    "with care.")
     running = [s for s in ctx.studies if s.unfinished]
     if running:
         doc.warning("STILL RUNNING: " + "; ".join(f"{s.name} has {len(s.unfinished)} trial(s) without a record yet "
@@ -288,7 +289,7 @@ def environment(doc: Document, ctx: ReportContext) -> None:
     if resumed:
         doc.bullets(resumed)
     accelerators = set(table["accelerator"].astype(str))
-    doc.para("Efficiency figures (memory, latency, throughput) were measured on "
+    doc.para("Efficiency figures (memory, latency, throughput, energy) were measured on "
              + (" and ".join(sorted(accelerators)) if accelerators else "an unknown device")
              + "; they compare configurations measured on the same machine, not across machines.")
 

@@ -1,4 +1,4 @@
-"""Non-dominated sets and hypervolume over a study's objectives (accuracy ↑, memory ↓, latency ↓ …).
+"""Non-dominated sets and hypervolume over a study's objectives (accuracy ↑, memory ↓, latency ↓, energy ↓ …).
 
 Objectives are a mapping ``{column: "max" | "min"}``, e.g. ``{"valid_ndcg@10": "max", "peak_mem_mb": "min"}``.
 Internally every objective is turned into one to minimise (``max`` columns are negated), so "a dominates b"

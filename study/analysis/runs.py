@@ -269,7 +269,7 @@ def check_metrics(runs: pd.DataFrame, metrics: Iterable[str], what: str) -> None
     """Every metric must be a column with values in every study; otherwise one clear error."""
     import pandas as pd
 
-    from study.train.results import EFFICIENCY_METRICS
+    from study.train.results import EFFICIENCY_METRICS, ENERGY_METRICS
 
     for metric in metrics:
         if metric not in runs:
@@ -279,6 +279,9 @@ def check_metrics(runs: pd.DataFrame, metrics: Iterable[str], what: str) -> None
                  if pd.to_numeric(values, errors="coerce").isna().all()]
         if empty:
             hint = " (efficiency figures need measure_efficiency: true)" if metric in EFFICIENCY_METRICS else ""
+            if metric in ENERGY_METRICS:
+                hint = (" (energy needs a device with an energy counter, NVML or RAPL: its rows say energy_method: "
+                        "unavailable)")
             raise UserError(f"{what} {metric!r} has no values in study {', '.join(empty)}{hint}")
 
 
@@ -301,11 +304,12 @@ def check_protocols(runs: pd.DataFrame, allow_mixed: bool) -> list[str]:
 
 def efficiency_differences(runs: pd.DataFrame, objectives: dict[str, str]) -> list[str]:
     """Efficiency objectives measured on different devices or by different methods do not compare."""
-    from study.train.results import EFFICIENCY_METRICS
+    from study.train.results import EFFICIENCY_METRICS, ENERGY_METRICS
 
     notes = []
     checks = [("device", any(m in EFFICIENCY_METRICS for m in objectives))]
     checks.append(("peak_mem_method", "peak_mem_mb" in objectives))
+    checks.append(("energy_method", any(m in ENERGY_METRICS for m in objectives)))
     for column, relevant in checks:
         if relevant and column in runs:
             values = sorted(set(runs[column].dropna().astype(str)))

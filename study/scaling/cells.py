@@ -4,7 +4,9 @@
 _child_main; ..."``, which runs the model once at N = 4 (one-time runtime set-up), builds the cell's model, records
 the peak memory of its first run (:func:`study.train.efficiency.measure_peak_mb`: CUDA allocator peak, or VmHWM −
 baseline RSS) under ``measure.memory_limit_mb`` (RLIMIT_DATA on a CPU, the allocator fraction on a GPU), then times
-warm-up and repeated runs (median and p95). Both find these functions by this module's importable path.
+warm-up and repeated runs (median and p95), and, where the device has an energy counter (:mod:`study.train.energy`),
+reads the joules of one run over a window of back-to-back runs. Both find these functions by this module's importable
+path.
 """
 
 from __future__ import annotations
@@ -203,7 +205,7 @@ def _measure(spec: dict[str, Any], windows: np.ndarray) -> dict[str, Any]:
     import torch
 
     import models
-    from study.train import efficiency
+    from study.train import efficiency, energy
     from study.train.results import kernel_path
 
     started = time.monotonic()
@@ -230,6 +232,10 @@ def _measure(spec: dict[str, Any], windows: np.ndarray) -> dict[str, Any]:
             if timings and time.monotonic() + timings[-1] / 1000.0 > deadline:
                 break
             timings.append(run())
+        # the energy of one run: the counter's steps need a window of about a second (ENERGY_WINDOW_S), not one run
+        counter = energy.open_counter(device)
+        joules = energy.window_j(counter, run, device, min_runs=len(timings),
+                                 min_seconds=efficiency.ENERGY_WINDOW_S, deadline=deadline)
     finally:
         if undo is not None:
             undo()
@@ -247,6 +253,7 @@ def _measure(spec: dict[str, Any], windows: np.ndarray) -> dict[str, Any]:
         "status": "ok", "error": "", "peak_mem_mb": float(peak_mb), "mem_method": method,
         "time_ms_median": float(np.median(timings)), "time_ms_p95": float(np.percentile(timings, 95)),
         "time_ms_min": float(np.min(timings)), "runs": len(timings), "params": int(params),
+        "energy_j_per_run": float(joules), "energy_method": energy.method_of(counter),
         "memory_limit": limit, "threads": torch.get_num_threads(),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "kernel_path": kernel_path(device),

@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 
 
 def write_plots(frame: Any, study: ScalingStudy, out: Path) -> list[Path]:
-    """memory.*, time.* (log-log against N) and memory_ratio.*, time_ratio.* (against the reference)."""
+    """memory.*, time.* (log-log against N), energy.* where a cell's energy was measured, and memory_ratio.*,
+    time_ratio.* (against the reference)."""
     from study.analysis import plots
 
     ok = frame[frame["status"] == "ok"].copy()
@@ -29,8 +30,9 @@ def write_plots(frame: Any, study: ScalingStudy, out: Path) -> list[Path]:
         facets.update(row="batch", row_order=study.batch_keys())
     paths = []
     for column, stem, ylabel in (("peak_mem_mb", "memory", "peak memory (MB)"),
-                                 ("time_ms_median", "time", "median time (ms)")):
-        data = ok[ok[column] > 0]
+                                 ("time_ms_median", "time", "median time (ms)"),
+                                 ("energy_j_per_run", "energy", "energy per run (J)")):
+        data = ok[ok[column] > 0]  # NaN (energy not measured) compares False: no figure without a value
         if data.empty:
             continue
         figure = plots.loglog_lines(data, x="length", y=column, hue="label", xlabel="sequence length N",
@@ -129,12 +131,39 @@ def write_markdown(frame: Any, summary: Any, claims: list[ClaimResult], study: S
         lines += ["", "## Cells that did not finish", ""]
         lines += [f"- {row['label']} {row['mode']} N={row['length']} batch {row['batch']}: {row['status']}: "
                   f"{row['error']}" for _, row in failed.iterrows()]
+    energy = energy_lines(frame)
+    lines += energy
     unused = sorted(set(models.available()) - {e.model for e in study.models})
     if unused:
         lines += ["", f"Registered models not in this grid: {', '.join(unused)}."]
     lines += ["", "Files: cells.parquet / cells.csv (every cell), summary.csv (this table), memory.*, time.*, "
-              "memory_ratio.*, time_ratio.* (PNG + SVG), environment.json.", ""]
+              f"{'energy.*, ' if energy else ''}memory_ratio.*, time_ratio.* (PNG + SVG), environment.json.", ""]
     return "\n".join(lines)
+
+
+def energy_lines(frame: Any) -> list[str]:
+    """scaling.md's energy section: joules per run against N, one row per model, mode and batch; nothing where no
+    cell's energy was measured (no NVML device, no readable RAPL: ``energy_method`` unavailable)."""
+    measured = frame[(frame["status"] == "ok") & (frame["energy_j_per_run"] > 0)]
+    if measured.empty:
+        return []
+    methods = ", ".join(sorted(set(measured["energy_method"].astype(str))))
+    lengths = sorted(set(measured["length"]))
+    lines = ["", "## Energy", "",
+             f"Joules of one run (a training step or an inference batch), read from the device's counter ({methods}) "
+             "over back-to-back runs of at least a second; the counter measures the whole device, idle power and "
+             "any other work on it included.", "",
+             "| model | mode | batch | " + " | ".join(f"N={n}" for n in lengths) + " |",
+             "|---|---|---|" + "---|" * len(lengths)]
+    for (label, mode, batch), rows in measured.groupby(["label", "mode", "batch"], sort=False):
+        by_length = dict(zip(rows["length"], rows["energy_j_per_run"]))
+        lines.append(f"| {label} | {mode} | {batch} | "
+                     + " | ".join(_joules(by_length.get(n, float("nan"))) for n in lengths) + " |")
+    return lines
+
+
+def _joules(value: float) -> str:
+    return f"{value:.3g} J" if math.isfinite(value) else "n/a"  # a GPU's inference batch can take millijoules
 
 
 def cell_rows(study: ScalingStudy, cells: list[Cell], outcomes: list[dict], batches: dict, meta: dict,
@@ -156,6 +185,8 @@ def cell_rows(study: ScalingStudy, cells: list[Cell], outcomes: list[dict], batc
             "time_ms_p95": outcome.get("time_ms_p95", float("nan")),
             "time_ms_min": outcome.get("time_ms_min", float("nan")), "runs": outcome.get("runs", 0),
             "peak_mem_mb": outcome.get("peak_mem_mb", float("nan")), "mem_method": outcome.get("mem_method"),
+            "energy_j_per_run": outcome.get("energy_j_per_run", float("nan")),
+            "energy_method": outcome.get("energy_method", "unavailable"),
             "memory_limit": outcome.get("memory_limit", ""), "params": outcome.get("params", 0),
             "device": spec["device"], "device_name": outcome.get("device_name", ""), "node": outcome.get("node", ""),
             "threads": outcome.get("threads", spec["threads"]), "niceness": outcome.get("niceness"),

@@ -115,7 +115,10 @@ def data_parallel_worker(loop_config: dict[str, Any]) -> None:
                                             plan.shuffle_rows // world + 1), on_epoch_end=shard_logger(rank))
     handle = register_optimizer_step_pre_hook(weighted_gradient_average(batches, dist.all_reduce, world))
     try:
-        run_trial(plan.model, trial_data, settings, callback=reporter, train_batches=batches, resume_from=resume_from)
+        # no training energy: a worker's device holds one replica of several (their sum would need every worker's
+        # counter, and CPU workers on one machine read the same package twice); inference energy is one replica's
+        run_trial(plan.model, trial_data, settings, callback=reporter, train_batches=batches, resume_from=resume_from,
+                  measure_energy=False)
     finally:
         handle.remove()
 

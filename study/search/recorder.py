@@ -6,7 +6,7 @@
   (:func:`study.search.records.lost_process`): a trial killed with its study trains again on ``--resume``.
 * ``trials.parquet`` + ``trials.csv``: one row per trial (schema of :mod:`study.train.results` plus the sweep's columns:
   ``trial_id``, ``stop_reason``, ``step_time_ms``, ``config.<key>`` for every setting, ``optuna_number``).
-* ``history.parquet``: one row per trial and epoch.
+* ``history.parquet``: one row per trial and epoch (``train_energy_j``: that epoch's training energy).
 * ``trials/<trial_id>.history.jsonl``: the epochs of a trial still running, one line each, appended as they are
   reported and deleted once its record is written. A sweep killed mid-trial and resumed keeps the epochs before
   the kill: the resumed trial continues from its checkpoint, and an epoch run again past that checkpoint
@@ -54,7 +54,7 @@ from study.train.objectives import resolve_cloze_window_step
 from study.train.padding import trims_padding
 from study.train.results import json_safe, protocol_of
 
-EPOCH_KEYS = ("epoch", "train_loss", "best_epoch", "epoch_time_s", "throughput", "wall_time_s")
+EPOCH_KEYS = ("epoch", "train_loss", "best_epoch", "epoch_time_s", "throughput", "wall_time_s", "train_energy_j")
 def is_epoch_key(key: str) -> bool:
     return key in EPOCH_KEYS or key.startswith(("valid_", "best_valid_", "test_"))
 
@@ -141,6 +141,9 @@ def build_row(context: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]
         "step_time_ms": last.get("step_time_ms"),
         "infer_ms_p50": last.get("infer_ms_p50"),
         "infer_ms_p95": last.get("infer_ms_p95"),
+        "train_energy_j_per_epoch": last.get("train_energy_j_per_epoch"),
+        "infer_energy_j_per_1k": last.get("infer_energy_j_per_1k"),
+        "energy_method": last.get("energy_method"),
         "device": last.get("device"),
         "gpu": str(last.get("device") or "").startswith("cuda"),
         "kernel_path": last.get("kernel_path"),

@@ -57,6 +57,7 @@ from study.search.windows import (
     streamed_dataset,
     training_windows,
 )
+from study.spec.checks import energy_line
 from study.spec.resolved import Study
 from study.storage import Mirror
 from study.train.results import json_safe
@@ -238,6 +239,10 @@ def _drive(study: Study, out: Path, mirror: Mirror, base_data: TrialData, train_
                                                               if estimate else 0)
     if estimate is not None and not quiet:
         line = fit_line(study, estimate.epoch_s, concurrency)
+        if line:
+            print(line, flush=True)
+    if not quiet and not on_cluster:  # a cluster's trials run on its nodes, whose counters this machine cannot see
+        line = energy_line(study, concurrency)
         if line:
             print(line, flush=True)
     plan = _trial_plan(study, out, shuffle_rows, resume=resume, on_cluster=on_cluster,

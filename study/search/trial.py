@@ -114,18 +114,19 @@ def ray_data_batches(iterable: Any, batch_size: int, seed: int, max_len: int,
 
 
 def preflight(model_name: str, settings: dict[str, Any], data: TrialData, measure: bool) -> dict[str, Any]:
-    """Figures known before training: parameters, peak memory, inference latency, the popularity baseline.
+    """Figures known before training: parameters, peak memory, inference latency and energy, the popularity
+    baseline, and how energy is measured on this trial's device (``energy_method``).
 
     Measured on the freshly built model: memory and latency depend on the configuration, not on the weights.
     """
     import torch
 
-    from study.train import efficiency
+    from study.train import efficiency, energy
     from study.train.config import split_settings
     from study.train.metrics import popularity_metrics, sample_negatives
     from study.train.objectives import resolve_objective
     from study.train.results import kernel_path
-    from study.train.trainer import efficiency_figures, resolve_device, seed_everything, with_user_count
+    from study.train.trainer import resolve_device, seed_everything, with_user_count
 
     train_cfg, hparams = split_settings(model_name, settings)
     hparams = with_user_count(model_name, {**hparams, "num_items": data.num_items,
@@ -136,10 +137,12 @@ def preflight(model_name: str, settings: dict[str, Any], data: TrialData, measur
     seed_everything(train_cfg.seed)
     model = models.build(model_name, **hparams).to(device)
     objective = resolve_objective(model, train_cfg.objective)
+    counter = energy.open_counter(device)
     figures: dict[str, Any] = {"params": efficiency.count_parameters(model), "objective": objective,
-                               "device": str(device), "kernel_path": kernel_path(device)}
+                               "device": str(device), "kernel_path": kernel_path(device),
+                               "energy_method": energy.method_of(counter)}
     if measure:
-        figures.update(efficiency_figures(model_name, hparams, train_cfg, data, model, device))
+        figures.update(efficiency.efficiency_figures(model_name, hparams, train_cfg, data, model, device, counter))
     negatives = None
     if train_cfg.eval_mode == "sampled":  # the same test negatives run_trial draws (seed + 1 for the test split)
         popularity = data.item_popularity if train_cfg.negative_sampler == "popularity" else None
@@ -164,14 +167,17 @@ class EpochReporter:
         # a trial resumed from a checkpoint (a TrainingState) keeps the medians of its earlier epochs
         self.epoch_times: list[float] = list(resumed.epoch_times) if resumed else []
         self.throughputs: list[float] = [t for t in resumed.throughputs if math.isfinite(t)] if resumed else []
+        self.train_energies: list[float] = list(resumed.train_energies) if resumed else []
         # and the wall time its kept epochs took, so that the row's wall time is the whole trial's, not this run's
         self.earlier_s = resumed.elapsed_s if resumed else 0.0
         self.node = node_identity()
 
     def __call__(self, epoch_report: Any) -> None:
+        from study.train.energy import median_j
         from study.train.results import kernel_path
 
         self.epoch_times.append(epoch_report.epoch_time_s)
+        self.train_energies.append(epoch_report.train_energy_j)
         if math.isfinite(epoch_report.throughput):
             self.throughputs.append(epoch_report.throughput)
         throughput = statistics.median(self.throughputs) if self.throughputs else float("nan")
@@ -180,6 +186,7 @@ class EpochReporter:
             **self.figures,
             "kernel_path": kernel_path(_device(self.figures)),  # known only once the model has run
             "median_epoch_time_s": statistics.median(self.epoch_times),
+            "train_energy_j_per_epoch": median_j(self.train_energies),  # the epoch's own is train_energy_j
             "train_throughput": throughput,
             # one optimizer step = batch_size sequences (the last batch of an epoch may be smaller)
             "step_time_ms": 1000.0 * self.batch_size / throughput if throughput > 0 else float("nan"),

@@ -2,7 +2,8 @@
 
 Every search point goes through :func:`study.train.config.split_settings` and ``models.make_config``, so the model
 declares its own constraints and the sweep never repeats them; then the settings that only make sense together
-(efficiency objectives and measuring, threads and the CPU share, streaming and the objective, device and GPUs).
+(efficiency objectives and measuring, threads and the CPU share, streaming and the objective, device and GPUs), and
+whether this machine can measure an energy objective at all (:func:`check_energy`).
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ from models import ConfigError
 from study.spec.resolved import Study
 from study.spec.yaml_io import ConfigErrors
 from study.train.config import TrainConfig, coerce, cuda_graph_conflict, split_settings
-from study.train.results import PROTOCOL_SETTINGS
+from study.train.results import ENERGY_METRICS, PROTOCOL_SETTINGS
 
 # Efficiency figures a trial measures once before its first epoch and reports with every epoch (see
 # study.search.trial): an objective on one of them needs measure_efficiency
-MEASURED_OBJECTIVES = ("peak_mem_mb", "infer_ms_p50", "infer_ms_p95")
+MEASURED_OBJECTIVES = ("peak_mem_mb", "infer_ms_p50", "infer_ms_p95", "infer_energy_j_per_1k")
 MAX_CHECKED_POINTS = 4096  # beyond this many search combinations, check one key at a time
 MAX_BUILT_MODELS = 32  # models built to check the training objective, after de-duplicating their configs
 
@@ -145,3 +146,50 @@ def _check_study_settings(study: Study, errors: ConfigErrors) -> None:
     if study.resources.gpu == 0 and device.startswith("cuda"):
         errors.add(("fixed", "device"), f"device {device} needs resources.gpu > 0: Ray hides GPUs from trials "
                                         "that reserve none")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Energy: measured by the trials' device's own counter, or not at all
+
+
+def trial_device(study: Study) -> str:
+    """The device type the study's trials train on: a GPU when they reserve one (Ray hides GPUs from the others)."""
+    device = str(study.settings().get("device", "auto"))
+    return "cuda" if isinstance(study.resources.gpu, float) and study.resources.gpu > 0 and device != "cpu" else "cpu"
+
+
+def energy_unavailable(study: Study) -> str:
+    """Why this machine cannot measure the energy of the study's trials (no NVML device, no readable RAPL), ``""``
+    when it can (:mod:`study.train.energy`)."""
+    from study.train import energy
+
+    return energy.probe(trial_device(study), poll_s=None)[1]
+
+
+def check_energy(study: Study, errors: ConfigErrors, *, check_machine: bool) -> None:
+    """An energy objective needs a counter: refused here, before Ray starts, rather than optimised as NaN by every
+    trial. Only with ``check_machine`` (an embedded Ray: a joined cluster's nodes may have counters the driver lacks).
+    Data-parallel trials record no training energy (see study.search.data_parallel)."""
+    wanted = [metric for metric in study.objectives if metric in ENERGY_METRICS]
+    if "train_energy_j_per_epoch" in wanted and study.resources.workers_per_trial > 1:
+        errors.add(("objectives", "train_energy_j_per_epoch"), "data-parallel trials (workers_per_trial > 1) record "
+                                                                "no training energy; use workers_per_trial: 1")
+    why = energy_unavailable(study) if wanted and check_machine else ""
+    for metric in wanted if why else ():
+        errors.add(("objectives", metric), f"energy is not measured on this machine: {why}; rows would say "
+                                           "energy_method: unavailable. Drop this objective or run where the "
+                                           "trials' device has an energy counter (docs/sweep.md)")
+
+
+def energy_line(study: Study, concurrency: int) -> str | None:
+    """The sweep's one line about energy: that it is not measured here and why, or that trials at once share the
+    counter, which counts the whole device; ``None`` when each trial has its device to itself."""
+    why = energy_unavailable(study)
+    if why:
+        return f"energy: not measured on this machine ({why}); rows say energy_method: unavailable"
+    shared = study.resources.gpu < 1 if trial_device(study) == "cuda" else True
+    if concurrency > 1 and shared:
+        what = "GPU" if trial_device(study) == "cuda" else "CPU (every package)"
+        return (f"energy: the counter measures the whole {what}, which {concurrency} trials at a time share: each "
+                "trial's energy includes its neighbours' (resources.max_concurrent: 1 measures each alone)")
+    return None

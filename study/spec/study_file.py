@@ -26,7 +26,7 @@ from typing import Any
 import models
 from models import ConfigError
 from study.errors import UserError
-from study.spec.checks import check_combinations
+from study.spec.checks import check_combinations, check_energy
 from study.spec.fields import (
     VALID_METRICS,
     Budget,
@@ -192,6 +192,7 @@ def resolve(data: dict[str, Any], *, source: Path | None = None, lines: dict[tup
                   tracking=read_tracking(data, errors, study_name=str(name)))
     if model is not None:  # the checks across sections need the model's keys
         check_combinations(study, errors)
+    check_energy(study, errors, check_machine=check_machine)
     if errors.items:
         raise StudyConfigError(errors.items)
     return study

@@ -1,4 +1,4 @@
-"""Efficiency figures recorded with every trial: parameters, peak training memory, inference latency.
+"""Efficiency figures recorded with every trial: parameters, peak training memory, inference latency and energy.
 
 Peak memory of one training step (forward + backward + optimizer step, optimizer state included):
 - CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, in the trial process.
@@ -9,6 +9,9 @@ Peak memory of one training step (forward + backward + optimizer step, optimizer
   unavailable (non-Linux), it falls back to ``ru_maxrss − baseline`` and says so in the method string.
   This counts everything the step touches (activations, gradients, Adam moments, allocator slack),
   so it is an upper bound on what PyTorch itself asked for.
+
+Inference energy is read from the device's own counter (:mod:`study.train.energy`) around the batch the latency is
+measured on, served back to back for at least :data:`ENERGY_WINDOW_S`; training energy per epoch is the trainer's.
 """
 
 from __future__ import annotations
@@ -19,16 +22,23 @@ import resource
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import asdict, replace
 
 import numpy as np
 import torch
 
 from models import SeqRecModel
-from study.train.padding import trim_padding
+from study.train import energy
+from study.train.batches import epoch_windows, user_batches
+from study.train.config import TrainConfig
+from study.train.objectives import resolve_cloze_window_step, resolve_objective
+from study.train.padding import trim_padding, trims_padding
+from study.train.trial_data import TrialData
 
 CUDA_METHOD = "cuda max_memory_allocated, one training step"
 CPU_METHOD = "fresh process VmHWM - baseline RSS, one training step"
 CPU_FALLBACK_METHOD = "fresh process ru_maxrss - baseline RSS, one training step (no clear_refs)"
+ENERGY_WINDOW_S = 1.0  # the shortest window inference energy is read over (see study.train.energy.window_j)
 
 
 def count_parameters(model: torch.nn.Module) -> int:
@@ -128,6 +138,27 @@ def peak_train_memory_mb(model_name: str, model_hparams: dict, train_settings: d
     return peak_mb, method
 
 
+def _server(model: SeqRecModel, inputs: np.ndarray, device: torch.device, batch_users: int, top_k: int,
+            users: np.ndarray | None, trim: bool) -> tuple[Callable[[], None], int]:
+    """A function serving one batch of real users' inputs (the top-k of all items, finished on the device), and
+    how many users it serves. ``trim`` serves the batch without its all-padding leading columns, as the evaluator
+    does (:mod:`study.train.padding`)."""
+    batch = inputs[:batch_users]
+    batch = torch.as_tensor(trim_padding(batch) if trim else batch, dtype=torch.long, device=device)
+    # the trainer passes each row's user for models that read user ids (FPMC); without them FPMC serves its
+    # Markov-chain term, whose cost is the same up to one (B, d) lookup
+    user_kwargs = {} if users is None else model.user_inputs(torch.as_tensor(users[:batch_users], device=device))
+
+    def serve() -> None:
+        scores = model.last_hidden(batch, **user_kwargs) @ model.item_weights().T
+        scores[:, 0] = float("-inf")
+        scores.topk(min(top_k, scores.shape[1] - 1), dim=1)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    return serve, len(batch)
+
+
 @torch.no_grad()
 def inference_latency_ms(model: SeqRecModel, inputs: np.ndarray, device: torch.device, *, batch_users: int = 256,
                          warmup: int = 3, repeats: int = 20, top_k: int = 20,
@@ -140,26 +171,57 @@ def inference_latency_ms(model: SeqRecModel, inputs: np.ndarray, device: torch.d
     """
     was_training = model.training
     model.eval()
-    batch = inputs[:batch_users]
-    batch = torch.as_tensor(trim_padding(batch) if trim else batch, dtype=torch.long, device=device)
-    # the trainer passes each row's user for models that read user ids (FPMC); without them FPMC serves its
-    # Markov-chain term, whose cost is the same up to one (B, d) lookup
-    user_kwargs = {} if users is None else model.user_inputs(torch.as_tensor(users[:batch_users], device=device))
-
-    def serve() -> None:
-        scores = model.last_hidden(batch, **user_kwargs) @ model.item_weights().T
-        scores[:, 0] = float("-inf")
-        scores.topk(min(top_k, scores.shape[1] - 1), dim=1)
-
+    serve, _ = _server(model, inputs, device, batch_users, top_k, users, trim)
     timings = []
     for i in range(warmup + repeats):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         start = time.perf_counter()
         serve()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
         if i >= warmup:
             timings.append((time.perf_counter() - start) * 1000.0)
     model.train(was_training)
     return float(np.percentile(timings, 50)), float(np.percentile(timings, 95))
+
+
+@torch.no_grad()
+def inference_energy_j_per_1k(model: SeqRecModel, inputs: np.ndarray, device: torch.device,
+                              counter: energy.EnergyCounter | None, *, batch_users: int = 256, repeats: int = 20,
+                              min_seconds: float = ENERGY_WINDOW_S, top_k: int = 20,
+                              users: np.ndarray | None = None, trim: bool = True) -> float:
+    """Joules the device uses to serve 1,000 users: the batch :func:`inference_latency_ms` times, served back to
+    back for at least ``repeats`` batches and ``min_seconds``, the energy of that window per user × 1,000. Run right
+    after the latency measurement (the model is warm). NaN without a counter."""
+    if counter is None:
+        return float("nan")
+    was_training = model.training
+    model.eval()
+    serve, served = _server(model, inputs, device, batch_users, top_k, users, trim)
+    joules = energy.window_j(counter, serve, device, min_runs=repeats, min_seconds=min_seconds)
+    model.train(was_training)
+    return joules / served * 1000.0
+
+
+def efficiency_figures(model_name: str, model_hparams: dict, train_cfg: TrainConfig, data: TrialData,
+                       model: SeqRecModel, device: torch.device,
+                       counter: energy.EnergyCounter | None = None) -> dict:
+    """The figures measured once per trial: peak memory of one training step, inference latency and, with a
+    ``counter``, inference energy per 1,000 users (NaN without one)."""
+    windows = user_batches(data.train, train_cfg.batch_size, np.random.default_rng(0))
+    objective = resolve_objective(model, train_cfg.objective)
+    train_cfg = replace(train_cfg, cloze_window_step=resolve_cloze_window_step(
+        objective, train_cfg.cloze_window_step, model.config.max_len, model_name))
+    settings = {**asdict(train_cfg), "objective": objective}
+    batch, users = next(epoch_windows(data, windows, settings["objective"], train_cfg, np.random.default_rng(0)))
+    try:
+        threads = train_cfg.num_threads or torch.get_num_threads()
+        peak_mb, method = peak_train_memory_mb(model_name, model_hparams, settings, batch, device,
+                                               num_threads=threads, users=users)
+    except RuntimeError as error:
+        peak_mb, method = float("nan"), f"failed: {error}"
+    test_users = np.arange(len(data.test.inputs)) if model.needs_users else None  # split rows are users 0..U-1
+    trim = trims_padding(train_cfg.trim_padding, device, train_cfg.compile)
+    p50, p95 = inference_latency_ms(model, data.test.inputs, device, users=test_users, trim=trim)
+    infer_j = inference_energy_j_per_1k(model, data.test.inputs, device, counter, users=test_users, trim=trim)
+    return {"peak_mem_mb": peak_mb, "peak_mem_method": method, "infer_ms_p50": p50, "infer_ms_p95": p95,
+            "infer_energy_j_per_1k": infer_j}

@@ -8,6 +8,9 @@ Columns:
 - efficiency: ``params``, ``peak_mem_mb`` + ``peak_mem_method``, ``epoch_time_s``, ``train_throughput``
   (sequences/s), ``infer_ms_p50`` / ``infer_ms_p95`` (top-20 of all items for 256 users), ``device``,
   ``kernel_path``
+- energy (:mod:`study.train.energy`), in joules: ``train_energy_j_per_epoch`` (median over epochs of the device's
+  energy during the epoch's training steps), ``infer_energy_j_per_1k`` (serving 1,000 users), ``energy_method``
+  (``nvml``, ``rapl`` or ``unavailable``, then both are NaN)
 - ``config``: every model and trainer key of the trial; ``extra``: model-specific statistics
 - ``seed``, ``wall_time_s``, ``status`` (``ok`` | ``failed`` | ``interrupted``: Ctrl-C, the finished epochs), ``error``
 """
@@ -26,7 +29,10 @@ from study.train.config import TrainConfig
 from study.train.settings import PROTOCOL, keys_with
 
 # The efficiency figures of every row (measured once per trial, before its first epoch in a sweep).
-EFFICIENCY_METRICS = ("params", "peak_mem_mb", "infer_ms_p50", "infer_ms_p95", "train_throughput", "epoch_time_s")
+EFFICIENCY_METRICS = ("params", "peak_mem_mb", "infer_ms_p50", "infer_ms_p95", "train_throughput", "epoch_time_s",
+                      "train_energy_j_per_epoch", "infer_energy_j_per_1k")
+# The energy figures among them: NaN, with energy_method "unavailable", where the device has no counter.
+ENERGY_METRICS = ("train_energy_j_per_epoch", "infer_energy_j_per_1k")
 # The evaluation-protocol settings a study fixes for all its trials (the ``protocol:`` section of a study file);
 # ``protocol_of`` records them, with the objective that actually ran, in every row.
 PROTOCOL_SETTINGS = keys_with(PROTOCOL)

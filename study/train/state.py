@@ -54,6 +54,7 @@ class TrainingState:
     epochs_without_gain: int
     epoch_times: list[float] = field(default_factory=list)
     throughputs: list[float] = field(default_factory=list)
+    train_energies: list[float] = field(default_factory=list)  # joules per epoch (NaN where not measured)
     elapsed_s: float = 0.0  # wall time spent so far, so a resumed trial's time budget counts the earlier sessions
     # what the weights are: the model and its config, the training settings, the dataset's identity (model_identity)
     identity: dict[str, Any] = field(default_factory=dict)

@@ -29,9 +29,9 @@ import torch
 
 import kernels
 import models
-from models import ConfigError, SeqRecModel
+from models import ConfigError
 from study.errors import UserError, print_error
-from study.train import efficiency
+from study.train import efficiency, energy
 from study.train.batches import batch_user_ids, epoch_windows, user_batches
 from study.train.config import (
     SELECTION_METRIC,
@@ -42,8 +42,6 @@ from study.train.config import (
 )
 from study.train.cost import epoch_cost
 from study.train.metrics import NonFiniteScores, evaluate, popularity_metrics, sample_negatives
-from study.train.objectives import resolve_cloze_window_step, resolve_objective
-from study.train.padding import trims_padding
 from study.train.results import make_result, to_json_line
 from study.train.state import (
     TrainingState,
@@ -71,6 +69,7 @@ class EpochReport:
     throughput: float  # training sequences per second this epoch
     wall_time_s: float
     extra: dict[str, float] = field(default_factory=dict)
+    train_energy_j: float = float("nan")  # the device's energy over this epoch's training steps (study.train.energy)
     # The trial's whole state after this epoch, built only when asked (checkpoints are not taken every epoch); it
     # shares the live model's tensors, so save it before the next epoch starts.
     snapshot: Callable[[], TrainingState] | None = field(default=None, repr=False, compare=False)
@@ -78,7 +77,8 @@ class EpochReport:
     def flat(self) -> dict[str, float]:
         """Flat metric names used in Tune reports and history.parquet."""
         row = {"epoch": self.epoch, "train_loss": self.train_loss, "best_epoch": self.best_epoch,
-               "epoch_time_s": self.epoch_time_s, "throughput": self.throughput, "wall_time_s": self.wall_time_s}
+               "epoch_time_s": self.epoch_time_s, "throughput": self.throughput, "wall_time_s": self.wall_time_s,
+               "train_energy_j": self.train_energy_j}
         row.update({f"valid_{k}": v for k, v in self.valid.items()})
         row.update({f"best_valid_{k}": v for k, v in self.best_valid.items()})
         row.update({f"test_{k}": v for k, v in self.best_test.items()})
@@ -113,19 +113,22 @@ def with_user_count(model_name: str, model_hparams: dict, meta: dict) -> dict:
 def run_trial(model_name: str, data: TrialData | str | Path, settings: dict | None = None, *,
               callback: Callable[[EpochReport], None] | None = None, progress: bool = False,
               train_batches: Callable[[int], Iterable[np.ndarray]] | None = None,
-              resume_from: TrainingState | None = None) -> dict:
+              resume_from: TrainingState | None = None, measure_energy: bool = True) -> dict:
     """Train and evaluate one configuration; returns one result row (see :mod:`study.train.results`).
 
     ``settings`` holds trainer, protocol and model keys (strings are coerced). ``train_batches``, if
     given, yields the epoch's user windows (e.g. from a Ray Data shard) instead of the in-memory shuffle.
     ``resume_from`` continues after the epoch a :class:`~study.train.state.TrainingState` was taken at (each
     report's ``snapshot()``), with the same settings: the result equals that of a run never stopped.
+    ``measure_energy``: read the device's energy counter around each epoch's training steps
+    (:mod:`study.train.energy`); a data-parallel worker does not, since its device holds one replica of several.
 
     The phases are the methods of :class:`_Trial`, called here in order: build, resume, the epochs, the result row.
     """
     # the clock starts before anything is built; a resumed trial's wall time includes its earlier epochs
     started = time.perf_counter() - (resume_from.elapsed_s if resume_from else 0.0)
-    trial = _Trial(model_name, data, settings or {}, started=started, train_batches=train_batches)
+    trial = _Trial(model_name, data, settings or {}, started=started, train_batches=train_batches,
+                   measure_energy=measure_energy)
     if resume_from is not None:
         trial.resume(resume_from)
     interrupted = trial.run_epochs(callback, progress)
@@ -181,7 +184,7 @@ class _Trial:
     """
 
     def __init__(self, model_name: str, data: TrialData | str | Path, settings: dict, *, started: float,
-                 train_batches: Callable[[int], Iterable[np.ndarray]] | None) -> None:
+                 train_batches: Callable[[int], Iterable[np.ndarray]] | None, measure_energy: bool = True) -> None:
         """The build: data fitted to the model, the seeded model and its training step, the batch shuffle's
         generator and the evaluation negatives. A setting the trial cannot honour fails here, before any epoch."""
         self.model_name, self.started, self.train_batches = model_name, started, train_batches
@@ -206,6 +209,8 @@ class _Trial:
         self.best = _Standing()
         self.epoch_times: list[float] = []
         self.throughputs: list[float] = []
+        self.train_energies: list[float] = []
+        self.energy = energy.open_counter(self.device) if measure_energy else None
         self.epochs_run = 0  # the last epoch reported; a resumed trial starts after its state's
         self.identity = model_identity(model_name, self.model.config.to_dict(), asdict(train_cfg), self.data.meta)
 
@@ -229,6 +234,7 @@ class _Trial:
         self.best = _Standing(valid=dict(state.best_valid), test=dict(state.best_test), epoch=state.best_epoch,
                               weights=state.best_weights, epochs_without_gain=state.epochs_without_gain)
         self.epoch_times, self.throughputs = list(state.epoch_times), list(state.throughputs)
+        self.train_energies = list(state.train_energies)
         self.epochs_run = state.epoch
 
     def snapshot(self, epoch: int) -> TrainingState:
@@ -239,7 +245,8 @@ class _Trial:
                              rng=capture_rng(self.rng, self.step.generator), best_valid=dict(best.valid),
                              best_test=dict(best.test), best_epoch=best.epoch, best_weights=best.weights,
                              epochs_without_gain=best.epochs_without_gain, epoch_times=list(self.epoch_times),
-                             throughputs=list(self.throughputs), elapsed_s=time.perf_counter() - self.started,
+                             throughputs=list(self.throughputs), train_energies=list(self.train_energies),
+                             elapsed_s=time.perf_counter() - self.started,
                              identity=self.identity)
 
     def run_epochs(self, callback: Callable[[EpochReport], None] | None, progress: bool) -> bool:
@@ -289,20 +296,24 @@ class _Trial:
         return bar, steps_per_epoch
 
     def _epoch(self, epoch: int, bar: Any, steps_per_epoch: int | None) -> EpochReport:
-        """One epoch: train, validate (keeping the best), record its time and throughput; returns its report."""
-        epoch_start = time.perf_counter()
+        """One epoch: train, validate (keeping the best), record its time, throughput and training energy; returns
+        its report. The energy counter is read once before and once after the training steps: validation is not in
+        it."""
+        epoch_start, energy_start = time.perf_counter(), energy.read_j(self.energy, self.device)
         total_loss, sequences, steps = self._train(epoch, bar, steps_per_epoch)
         train_time = time.perf_counter() - epoch_start
+        train_energy = energy.read_j(self.energy, self.device) - energy_start
         valid = self._validate(epoch)
         epoch_time = time.perf_counter() - epoch_start
         self.epoch_times.append(epoch_time)
         self.throughputs.append(sequences / train_time if train_time > 0 else float("nan"))
+        self.train_energies.append(train_energy)
         best = self.best
         report = EpochReport(epoch=epoch, train_loss=total_loss / max(steps, 1), valid=valid, best_epoch=best.epoch,
                              best_valid=best.valid, best_test=best.test, epoch_time_s=epoch_time,
                              train_time_s=train_time, throughput=self.throughputs[-1],
                              wall_time_s=time.perf_counter() - self.started, extra=self.model.stats(),
-                             snapshot=partial(self.snapshot, epoch))
+                             train_energy_j=self.train_energies[-1], snapshot=partial(self.snapshot, epoch))
         self.epochs_run = epoch
         return report
 
@@ -379,10 +390,12 @@ class _Trial:
         model, train_cfg, data, best = self.model, self.train_cfg, self.data, self.best
         model.load_state_dict(best.weights)
         figures = {"params": efficiency.count_parameters(model), "epoch_time_s": float(np.median(self.epoch_times)),
-                   "train_throughput": float(np.median(self.throughputs))}
+                   "train_throughput": float(np.median(self.throughputs)),
+                   "train_energy_j_per_epoch": energy.median_j(self.train_energies),
+                   "energy_method": energy.method_of(self.energy)}
         if train_cfg.measure_efficiency and not interrupted:
-            figures.update(efficiency_figures(self.model_name, self.model_hparams, train_cfg, data, model,
-                                              self.device))
+            figures.update(efficiency.efficiency_figures(self.model_name, self.model_hparams, train_cfg, data, model,
+                                                         self.device, self.energy))
         row = make_result(
             model=self.model_name, dataset_meta=data.meta, objective=self.objective, train_cfg=train_cfg,
             model_hparams=model.config.to_dict(),
@@ -397,26 +410,6 @@ class _Trial:
         if interrupted:
             row["status"] = "interrupted"
         return row
-
-
-def efficiency_figures(model_name: str, model_hparams: dict, train_cfg: TrainConfig, data: TrialData,
-                        model: SeqRecModel, device: torch.device) -> dict:
-    windows = user_batches(data.train, train_cfg.batch_size, np.random.default_rng(0))
-    objective = resolve_objective(model, train_cfg.objective)
-    train_cfg = replace(train_cfg, cloze_window_step=resolve_cloze_window_step(
-        objective, train_cfg.cloze_window_step, model.config.max_len, model_name))
-    settings = {**asdict(train_cfg), "objective": objective}
-    batch, users = next(epoch_windows(data, windows, settings["objective"], train_cfg, np.random.default_rng(0)))
-    try:
-        threads = train_cfg.num_threads or torch.get_num_threads()
-        peak_mb, method = efficiency.peak_train_memory_mb(model_name, model_hparams, settings, batch, device,
-                                                          num_threads=threads, users=users)
-    except RuntimeError as error:
-        peak_mb, method = float("nan"), f"failed: {error}"
-    test_users = np.arange(len(data.test.inputs)) if model.needs_users else None  # split rows are users 0..U-1
-    p50, p95 = efficiency.inference_latency_ms(model, data.test.inputs, device, users=test_users,
-                                               trim=trims_padding(train_cfg.trim_padding, device, train_cfg.compile))
-    return {"peak_mem_mb": peak_mb, "peak_mem_method": method, "infer_ms_p50": p50, "infer_ms_p95": p95}
 
 
 def _progress_bar(epochs: int, steps_per_epoch: int | None, description: str, enabled: bool):

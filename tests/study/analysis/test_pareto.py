@@ -133,3 +133,18 @@ def test_parse_objectives() -> None:
     for bad in ("valid_ndcg@10", "valid_ndcg@10:up", "a:max,a:min", ""):
         with pytest.raises(UserError):
             parse_objectives(bad)
+
+
+def test_energy_is_an_axis_like_memory_and_latency() -> None:
+    from study.analysis.runs import check_metrics, efficiency_differences
+
+    runs = pd.DataFrame({"study": ["a"] * 3, "valid_ndcg@10": [0.1, 0.2, 0.15], "device": ["cpu"] * 3,
+                         "train_energy_j_per_epoch": [50.0, 80.0, 90.0], "energy_method": ["rapl"] * 3})
+    objectives = {"valid_ndcg@10": "max", "train_energy_j_per_epoch": "min"}
+    assert list(pareto_front(runs, objectives).index) == [1, 0]  # (0.15, 90 J) is dominated by (0.2, 80 J)
+    check_metrics(runs, objectives, "objective")
+    with pytest.raises(UserError, match="has no values in study a .energy needs a device with an energy counter"):
+        check_metrics(runs.assign(train_energy_j_per_epoch=None, energy_method="unavailable"), objectives, "objective")
+    mixed = runs.assign(energy_method=["rapl", "nvml", "rapl"])
+    assert efficiency_differences(mixed, objectives) == ["efficiency figures come from different energy_method values "
+                                                         "(nvml, rapl)"]

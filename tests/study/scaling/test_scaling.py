@@ -270,6 +270,18 @@ def test_long_sequences_hold_only_real_item_ids(synthetic_lastfm_prepared):
     assert np.array_equal(again.windows, batch.windows)
 
 
+def test_energy_gets_a_table_only_where_it_was_measured():
+    from study.scaling.outputs import energy_lines
+
+    frame = pd.DataFrame({"label": ["sasrec"] * 3, "mode": ["train"] * 3, "batch": ["16"] * 3,
+                          "length": [16, 64, 256], "status": ["ok", "ok", "oom"],
+                          "energy_j_per_run": [0.0123, 0.5, float("nan")], "energy_method": ["rapl"] * 3})
+    lines = energy_lines(frame)
+    assert "## Energy" in lines and "(rapl)" in "\n".join(lines)
+    assert "| sasrec | train | 16 | 0.0123 J | 0.5 J |" in lines  # the OOM cell has no column
+    assert energy_lines(frame.assign(energy_j_per_run=float("nan"), energy_method="unavailable")) == []
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # On Ray
 
@@ -302,6 +314,14 @@ def test_tiny_study_end_to_end(ray_cluster, synthetic_lastfm_file, data_cache, t
     assert "| sasrec-math | train | 16 |" in markdown and "| linrec | inference | 16 |" in markdown
     assert "**holds**: P: less training memory" in markdown
     assert "**not tested**: P: far longer sequences" in markdown and "not in this grid" in markdown
+    # energy where this machine has a counter (RAPL for CPU cells); else no number, no figure and no table
+    from study.train.energy import method_of, open_counter
+
+    method = method_of(open_counter("cpu"))
+    assert (frame["energy_method"] == method).all()
+    measured = method != "unavailable"
+    assert (frame["energy_j_per_run"] > 0).all() if measured else frame["energy_j_per_run"].isna().all()
+    assert (out / "energy.png").is_file() == measured and ("## Energy" in markdown) == measured
     env = json.loads((out / "environment.json").read_text())
     assert env["hardware"]["cpus_usable"] >= 1 and env["packages"]["torch"]
     # an earlier study is not overwritten by accident

@@ -217,12 +217,21 @@ def test_two_trial_multi_objective_sweep_with_a_failing_trial(tmp_path: Path, da
         assert math.isfinite(ok[column]) and ok[column] >= 0, column
     assert ok["params"] > 0 and ok["peak_mem_mb"] > 0 and ok["seed"] == 0 and ok["dataset"] == "lastfm"
     assert ok["objective"] == "causal" and ok["config.num_threads"] == 1
+    # energy: measured where this machine has a counter (RAPL for these CPU trials), else no number and it says so
+    from study.train.energy import method_of, open_counter
+
+    assert ok["energy_method"] == method_of(open_counter("cpu"))
+    if ok["energy_method"] == "unavailable":
+        assert pd.isna(ok["train_energy_j_per_epoch"]) and pd.isna(ok["infer_energy_j_per_1k"])
+    else:
+        assert ok["train_energy_j_per_epoch"] > 0 and ok["infer_energy_j_per_1k"] > 0
     csv = pd.read_csv(out / "trials.csv")
     assert sorted(csv["trial_id"]) == sorted(trials["trial_id"])
 
     history = pd.read_parquet(out / "history.parquet")
     mine = history[history["trial_id"] == ok["trial_id"]].sort_values("epoch")
     assert list(mine["epoch"]) == [1, 2]
+    assert "train_energy_j" in mine  # each epoch's own training energy (NaN where not measured)
     best = mine.loc[mine["valid_ndcg@10"].idxmax()]
     # the row's test figures belong to the best-validation epoch, never the last one by default
     assert ok["test_ndcg@10"] == pytest.approx(best["test_ndcg@10"])

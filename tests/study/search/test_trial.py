@@ -58,11 +58,12 @@ def test_a_resumed_trial_reports_the_wall_time_of_its_earlier_runs_too() -> None
 
     def epoch(number: int) -> SimpleNamespace:
         return SimpleNamespace(epoch_time_s=1.0, throughput=10.0, flat=lambda: {"epoch": number}, extra={},
-                               snapshot=None, best_epoch=number, epoch=number)
+                               snapshot=None, best_epoch=number, epoch=number, train_energy_j=float("nan"))
 
     sent: list[dict[str, Any]] = []
     started = time.time() - 20.0
-    checkpoint = SimpleNamespace(epoch_times=[1.0] * 3, throughputs=[10.0] * 3, elapsed_s=500.0)
+    checkpoint = SimpleNamespace(epoch_times=[1.0] * 3, throughputs=[10.0] * 3, train_energies=[float("nan")] * 3,
+                                 elapsed_s=500.0)
     EpochReporter({"device": "cpu"}, 8, started, sent.append, resumed=checkpoint)(epoch(4))
     EpochReporter({"device": "cpu"}, 8, started, sent.append)(epoch(1))
     resumed, fresh = (report["trial_compute_s"] for report in sent)

@@ -303,3 +303,57 @@ def test_cuda_graph_modes_are_refused_before_any_trial_unless_the_objective_is_l
     assert "causal.yaml:5: fixed.compile_mode: 'reduce-overhead' replays CUDA graphs, which only the `last`" in error
     assert "'causal' scores a batch-dependent number of positions" in error
     assert main([str(study("last")), "--dry-run"]) == 0
+
+
+def _energy_study(tmp_path: Path, objectives: str, fixed: str = "{max_len: 20}", resources: str = "{cpu: 1}") -> Path:
+    return write(tmp_path, f"""
+        name: energy
+        model: sasrec
+        dataset: {{name: lastfm, source: {LASTFM}}}
+        fixed: {fixed}
+        search: {{lr: {{grid: [0.001]}}}}
+        objectives: {objectives}
+        budget: {{num_samples: 1, max_epochs: 2}}
+        resources: {resources}
+        """)
+
+
+def test_an_energy_objective_is_refused_where_no_counter_measures_it(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before Ray starts, with the reason; on a joined cluster (no machine check) the nodes' counters decide."""
+    from study.spec.checks import energy_line
+    from study.train import energy
+
+    monkeypatch.setattr(energy, "POWERCAP", tmp_path / "no-powercap")
+    path = _energy_study(tmp_path, "{valid_ndcg@10: max, train_energy_j_per_epoch: min}")
+    [error] = errors_of(capsys, [str(path), "--dry-run"])
+    assert "objectives.train_energy_j_per_epoch: energy is not measured on this machine: no RAPL package domain" \
+        in error
+    assert load_study(path, check_machine=False).objectives["train_energy_j_per_epoch"] == "min"
+    # without an energy objective the study runs, and the sweep says once that energy is not measured
+    line = energy_line(load_study(_energy_study(tmp_path, "{valid_ndcg@10: max}")), concurrency=2)
+    assert line.startswith("energy: not measured on this machine (no RAPL package domain under ")
+
+
+def test_an_energy_objective_runs_where_a_counter_measures_it(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from study.spec.checks import energy_line
+    from study.train import energy
+
+    package = tmp_path / "powercap" / "intel-rapl:0"
+    package.mkdir(parents=True)
+    for name, value in (("name", "package-0"), ("energy_uj", "1000"), ("max_energy_range_uj", "262143328850")):
+        (package / name).write_text(value + "\n")
+    monkeypatch.setattr(energy, "POWERCAP", tmp_path / "powercap")
+    study = load_study(_energy_study(tmp_path, "{valid_ndcg@10: max, train_energy_j_per_epoch: min, "
+                                               "infer_energy_j_per_1k: min}"))
+    assert list(study.objectives) == ["valid_ndcg@10", "train_energy_j_per_epoch", "infer_energy_j_per_1k"]
+    assert energy_line(study, concurrency=1) is None
+    assert "which 2 trials at a time share" in energy_line(study, concurrency=2)
+
+    unmeasured = _energy_study(tmp_path, "{infer_energy_j_per_1k: min}", fixed="{measure_efficiency: false}")
+    [error] = errors_of(capsys, [str(unmeasured), "--dry-run"])
+    assert "objectives.infer_energy_j_per_1k: needs measure_efficiency: true" in error
+    parallel = _energy_study(tmp_path, "{train_energy_j_per_epoch: min}", resources="{cpu: 1, workers_per_trial: 2}")
+    [error] = errors_of(capsys, [str(parallel), "--dry-run"])
+    assert "data-parallel trials (workers_per_trial > 1) record no training energy" in error

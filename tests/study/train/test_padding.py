@@ -233,7 +233,7 @@ def test_latency_is_measured_trimmed_on_a_cpu_when_trimming_is_left_to_the_train
     """Sweeps measure a trial's latency before training, from the unresolved settings: `auto` must still mean
     trimmed on a CPU there, as in the trainer's own rows."""
     from study.train import efficiency
-    from study.train.trainer import efficiency_figures
+    from study.train.efficiency import efficiency_figures
 
     asked = []
     monkeypatch.setattr(efficiency, "inference_latency_ms", lambda *a, trim, **k: asked.append(trim) or (1.0, 1.0))
