@@ -41,7 +41,7 @@ def test_a_time_budget_keeps_the_trials_it_stops_and_a_resume_with_more_time_con
         fixed: {TINY_MODEL}, measure_efficiency: false, patience: 1000}}
         search:
           lr: {{loguniform: [1.0e-3, 1.0e-2]}}
-        budget: {{num_samples: 3, max_epochs: 1000, time_budget_s: 60}}
+        budget: {{num_samples: 3, max_epochs: 1000, time_budget_s: 45}}
         scheduler: none
         resources: {{cpu: 1, max_concurrent: 2}}
         checkpoint: {{every: 1, keep: 1}}
@@ -92,7 +92,7 @@ def test_a_time_budget_keeps_the_trials_it_stops_and_a_resume_with_more_time_con
     assert again.returncode == 2 and "spent its time budget" in again.stderr, again.stderr[-2000:]
     assert "--set budget.time_budget_s=" in again.stderr
 
-    resumed = subprocess.run(command + ["--resume", "--set", "budget.time_budget_s=110"], cwd=REPO, env=env,
+    resumed = subprocess.run(command + ["--resume", "--set", "budget.time_budget_s=85"], cwd=REPO, env=env,
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "╭" not in resumed.stdout and "AIR_VERBOSITY" not in resumed.stderr  # no Tune tables on a resume
