@@ -69,6 +69,9 @@ class TrainConfig:
     # optimisation
     lr: float = setting(1e-3, STEP_COST)
     weight_decay: float = setting(0.0, STEP_COST)
+    # Adam's β₂ (β₁ stays torch's 0.9): torch's 0.999 by default; LISA's authors train with 0.98. A record without it
+    # ran with 0.999 (SETTINGS_ADDED_AFTER)
+    adam_beta2: float = setting(0.999, STEP_COST)
     batch_size: int = 128
     max_epochs: int = setting(200, CONTINUES)
     # epochs without a better validation score (selection_metric) before stopping
@@ -125,6 +128,8 @@ class TrainConfig:
         for key in ("prefixes_per_user", "cloze_window_step", "patience", "num_threads"):
             if (getattr(self, key) or 0) < 0:
                 errors.append((key, f"must be >= 0, got {getattr(self, key)}"))
+        if not 0.0 <= self.adam_beta2 < 1.0:  # torch's range; NaN fails it too
+            errors.append(("adam_beta2", f"must be in [0, 1), got {self.adam_beta2}"))
         if self.lr <= 0:
             errors.append(("lr", f"must be > 0, got {self.lr}"))
         if self.selection_metric not in SELECTABLE_METRICS:
@@ -138,6 +143,11 @@ class TrainConfig:
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             errors.append(("device", f"must be auto, cpu or cuda[:N], got {self.device!r}"))
         return errors
+
+
+# trainer settings added after runs were recorded, each with what a record without it ran as (the trainer before the
+# setting existed), as a model config's ADDED_AFTER; a resumed training state reads it (study.train.state)
+SETTINGS_ADDED_AFTER: dict[str, Any] = {"adam_beta2": 0.999}
 
 
 def keys_with(role: str) -> tuple[str, ...]:

@@ -27,8 +27,9 @@ from typing import Any
 import numpy as np
 import torch
 
+import models
 from study.errors import UserError
-from study.train.settings import CONTINUES, keys_with
+from study.train.settings import CONTINUES, SETTINGS_ADDED_AFTER, keys_with
 
 STATE_FILE = "training_state.pt"
 FORMAT_VERSION = 1
@@ -54,6 +55,8 @@ class TrainingState:
     epoch_times: list[float] = field(default_factory=list)
     throughputs: list[float] = field(default_factory=list)
     elapsed_s: float = 0.0  # wall time spent so far, so a resumed trial's time budget counts the earlier sessions
+    # the model's stats() at the best epoch (ELASTIC's expert usage); None in a state written before it was recorded
+    best_extra: dict[str, float] | None = None
     # what the weights are: the model and its config, the training settings, the dataset's identity (model_identity)
     identity: dict[str, Any] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
@@ -133,9 +136,24 @@ def continuation(state: TrainingState, overrides: dict[str, Any]) -> tuple[str, 
     if refused:
         raise UserError(f"a continued trial keeps its settings: --set may change only {', '.join(CONTINUATION_KEYS)}, "
                         f"not {', '.join(refused)}")
+    identity = as_recorded(identity)  # a key added since the state was written continues as it ran
     model_config = {k: v for k, v in identity.get("model_config", {}).items() if k != "num_items"}  # the data's
     settings = {**model_config, **identity["settings"], **overrides}
     return identity["model"], settings, dict(identity.get("dataset") or {})
+
+
+def as_recorded(identity: dict[str, Any]) -> dict[str, Any]:
+    """A recorded :func:`model_identity` completed with what its run did in place of each key added since: a model
+    key from its config class's ``ADDED_AFTER`` (``models.recorded_config``), a trainer setting from
+    :data:`~study.train.config.SETTINGS_ADDED_AFTER`. Keys not listed there stay missing."""
+    if not identity.get("model") or identity["model"] not in models.available():
+        return identity
+    completed = dict(identity)
+    if "model_config" in identity:
+        completed["model_config"] = models.recorded_config(identity["model"], dict(identity["model_config"]))
+    if "settings" in identity:
+        completed["settings"] = {**SETTINGS_ADDED_AFTER, **identity["settings"]}
+    return completed
 
 
 MISSING = object()  # a key one side of identity_changes lacks
@@ -148,10 +166,11 @@ def identity_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[
     :data:`CONTINUATION_KEYS` may differ. A setting or model key the state does not record (one added since it was
     written) is a difference too: what the earlier version did in its place need not be today's default. A
     state written before ``cloze_window_step`` existed trained on each user's newest window, and today's default
-    would have continued it on windows over the whole history."""
+    would have continued it on windows over the whole history. Keys whose earlier meaning is declared
+    (:func:`as_recorded`) are compared with that value."""
     if not recorded:
         return []
-    plain = json.loads(json.dumps({"recorded": recorded, "current": current}, default=str))
+    plain = json.loads(json.dumps({"recorded": as_recorded(recorded), "current": current}, default=str))
     before, now = plain["recorded"], plain["current"]
     changes = []
     if before.get("model") != now.get("model"):
