@@ -8,7 +8,9 @@ Columns:
 - efficiency: ``params``, ``peak_mem_mb`` + ``peak_mem_method``, ``epoch_time_s``, ``train_throughput``
   (sequences/s), ``infer_ms_p50`` / ``infer_ms_p95`` (top-20 of all items for 256 users), ``device``,
   ``kernel_path``
-- ``config``: every model and trainer key of the trial; ``extra``: model-specific statistics
+- ``config``: every model and trainer key of the trial (``adam_beta2`` among them: a record without it ran with
+  0.999); ``extra``: the model's statistics at the best epoch (ELASTIC's expert usage on the validation users,
+  ``models/elastic.py``; a sweep's ``trials.parquet`` also spreads them as ``extra.<key>`` columns)
 - ``seed``, ``wall_time_s``, ``status`` (``ok`` | ``failed`` | ``interrupted``: Ctrl-C, the finished epochs), ``error``
 """
 
