@@ -218,6 +218,13 @@ class SeqRecModel(nn.Module):
         return {}
 
     @property
+    def mixes_rows_in_training(self) -> bool:
+        """Whether a training forward makes a row's output depend on the other rows of its batch (batch statistics:
+        ELASTIC's query BatchNorm). The trainer then computes a training batch whole, never in length groups
+        (``study.train.padding``); in eval mode no model mixes rows."""
+        return False
+
+    @property
     def is_causal(self) -> bool:
         return "causal" in self.objectives
 

@@ -21,8 +21,20 @@ Choices where the paper is silent:
    no gradient. Here P_j = k·softmax(s)_j · e_{idx_j}: the softmax over the k retrieved scores is
    Lample et al.'s memory read, and the factor k makes a uniform selection leave the experts unscaled.
 5. **Product keys**: two sub-key sets of √K keys of size d/2; q₁ (first half of q) scores 𝒞, q₂ scores
-   𝒞′ (fixing Eq. 7's typo); exact top-k over the k² candidate pairs; expert id i·√K + j. No query
-   BatchNorm and a single key head (neither is in the paper). Sub-keys use Lample's uniform init.
+   𝒞′ (fixing Eq. 7's typo); exact top-k over the k² candidate pairs; expert id i·√K + j. Sub-keys use
+   Lample's uniform init. Two parts of Lample et al.'s memory (NeurIPS 2019) that the paper does not mention
+   are settings, off by default (the paper's model as read here):
+   - ``query_batchnorm``: BatchNorm1d(d) (affine, torch's momentum and eps) on q before it is split, Lample's
+     remedy for queries that crowd onto a few keys. In training it normalises with the batch's statistics,
+     so the rows of a batch depend on each other: the trainer then computes a training batch whole, never
+     in length groups (:attr:`Elastic.mixes_rows_in_training`). A one-row training batch has no batch
+     statistics and is normalised with the running ones.
+   - ``key_heads`` H: H independent sets of sub-keys score the same q (Lample gives each head its own linear
+     query map too; here the hierarchical query network is shared, and the heads differ by their keys),
+     each head retrieves its own top-k with its own softmax gate, and the heads' retrieved experts are
+     summed: interest token j is Σ_h k·softmax(s_h)_j · e_{idx_{h,j}}, still k tokens, so LDA's cost is
+     unchanged and only the retrieval grows H-fold. Sub-key set 2h scores q₁ and 2h + 1 scores q₂ for head h,
+     so a one-head model keeps its (2, √K, d/2) keys.
 6. **Query network**: repeat [left-pad to a multiple of the pool size with masked zeros → reshape to
    (⌈n/stride⌉, stride·d) → Linear(stride·d, d) → self-attention with residual + LayerNorm] until the
    length is one; each level has its own weights; the number of levels is fixed by ``max_len``.
@@ -55,7 +67,9 @@ Choices where the paper is silent:
     user. The counts live in a buffer, so the best-epoch checkpoint carries its own validation counts and the
     final ``stats()`` describes the selected model. ``expert_usage_rate`` = fraction of the K
     experts selected at least once; ``expert_load_entropy`` = entropy (nats) of the selection shares,
-    ``expert_load_entropy_norm`` = the same divided by log K (1 = perfectly balanced).
+    ``expert_load_entropy_norm`` = the same divided by log K (1 = perfectly balanced), ``expert_max_load`` =
+    the most selected expert's share, ``expert_selections`` = k·H per user. With H key heads every head's
+    selections are counted. The trainer records the best epoch's figures in the result row (``extra``).
 """
 
 from __future__ import annotations
@@ -90,6 +104,10 @@ class ElasticConfig(ModelConfig):
     query_net: str = one_of("hierarchical", QUERY_NETS)  # ablation: "mean"
     imr: bool = True  # ablation: False = one learnable P shared by all users
     dispatcher: bool = True  # ablation: False = no aggregation step, X attends to P⁰ only
+    query_batchnorm: bool = False  # Lample et al.'s BatchNorm on the memory query (choice 5)
+    key_heads: int = positive(1)  # Lample et al.'s memory heads: sets of sub-keys whose retrievals are summed
+
+    # a record without these keys ran without them (what the defaults still are)
 
     @property
     def sub_keys(self) -> int:
@@ -224,7 +242,9 @@ class InterestMemory(nn.Module):
             levels.append(QueryLevel(d, c.pool_size, c.num_heads, c.attn_dropout, c.dropout))
             length = -(-length // c.pool_size)
         self.levels = nn.ModuleList([] if self.mean_query else levels)
-        self.sub_keys = nn.Parameter(torch.empty(2, n, d // 2))
+        # head h's two sub-key sets are rows 2h (scored by q₁) and 2h + 1 (by q₂): choice 5
+        self.sub_keys = nn.Parameter(torch.empty(2 * c.key_heads, n, d // 2))
+        self.query_norm = nn.BatchNorm1d(d) if c.query_batchnorm else None
         self.experts = nn.Embedding(n * n, d)
         # selection counts of the counted evaluation pass (see the module docstring, choice 10)
         self.register_buffer("counts", torch.zeros(n * n, dtype=torch.long))
@@ -243,15 +263,31 @@ class InterestMemory(nn.Module):
             x, valid = level(x, valid)
         return x[:, -1]
 
+    def normalise(self, query: torch.Tensor) -> torch.Tensor:
+        """The query BatchNorm (choice 5), if any; a one-row training batch uses the running statistics."""
+        norm = self.query_norm
+        if norm is None:
+            return query
+        if self.training and query.shape[0] == 1:
+            return F.batch_norm(query, norm.running_mean, norm.running_var, norm.weight, norm.bias, False, 0.0,
+                                norm.eps)
+        return norm(query)
+
     def forward(self, x: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """P⁰ (B, k, d) and the expert ids (B, k)."""
-        scores, indices = product_key_topk(self.query(x, valid), self.sub_keys, self.top_k)
+        """P⁰ (B, k, d) and the expert ids (B, H·k), H = key heads."""
+        query = self.normalise(self.query(x, valid))
+        interests, selected = 0.0, []
+        for head in range(self.sub_keys.shape[0] // 2):
+            scores, indices = product_key_topk(query, self.sub_keys[2 * head:2 * head + 2], self.top_k)
+            gate = self.top_k * scores.softmax(-1)  # scores enter the forward pass: keys and query net get gradient
+            interests = interests + self.experts(indices) * gate.unsqueeze(-1)
+            selected.append(indices)
+        indices = torch.cat(selected, -1)
         if self.training:
             self.armed, self.counting = True, False
         elif self.counting:
             self.counts += torch.bincount(indices.flatten(), minlength=self.counts.numel())
-        gate = self.top_k * scores.softmax(-1)  # scores enter the forward pass: keys and query net get gradient
-        return self.experts(indices) * gate.unsqueeze(-1), indices
+        return interests, indices
 
     def open_evaluation_pass(self) -> None:
         """Start of an evaluation pass: counted (from zero) only if a training step came before it."""
@@ -280,6 +316,11 @@ class Elastic(SeqRecModel):
             nn.init.uniform_(self.memory.sub_keys, -bound, bound)
         else:
             nn.init.normal_(self.shared_interests, std=0.02)
+
+    @property
+    def mixes_rows_in_training(self) -> bool:
+        """The query BatchNorm normalises a training batch with its own statistics (choice 5)."""
+        return self.memory is not None and self.memory.query_norm is not None
 
     def interests(self, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """P⁰ (B, k, d): retrieved per user, or the shared learnable tokens when ``imr=False``."""

@@ -28,10 +28,15 @@ the paper's numbers):
 5. **Block** (code): z = drop(x̂ + p) with a learned position table (added to the residual stream only,
    never to the codes), y = LN(z + drop(o)), h = LN(y + drop(FFN(y))), ReLU FFN of width ``inner_size``
    (= D in the paper); one layer (the paper's multi-layer extension is not evaluated there).
-6. **Embeddings**: lookups scaled by √D, Xavier-normal init with row 0 zeroed; codebooks Xavier-normal,
-   U Xavier-normal, projections Xavier-uniform, each initialised per codebook as a (W, D) or (D, D)
-   matrix (the code's fan-in for its 3-d tensors is not recoverable; per-matrix init keeps codewords and
-   projections on the scale of the embeddings).
+6. **Initialisation** (code): lookups scaled by √D, Xavier-normal item and position tables with row 0 zeroed,
+   U Xavier-normal, FFN Xavier-uniform with zero biases. The codebooks (Xavier-normal) and the Q/K/V
+   projections (Xavier-uniform) are each initialised as ONE 3-d stack, ``init="authors"`` (default): torch
+   computes a 3-d tensor's fans as fan_in = size(1)·size(2), fan_out = size(0)·size(2), so a (B, W, D) =
+   8 × 128 × 128 stack gets std √(2 / (W·D + B·D)) ≈ 0.011 (8 × 32 × 128: ≈ 0.020). ``init="per_matrix"``
+   initialises each (W, D) or (D, D) matrix alone, std √(2 / (W + D)) ≈ 0.088 at W = D = 128: the form of
+   runs recorded before the key existed, kept as an ablation. At the authors' scale the
+   codeword sums (Base's and Mini's targets) start small, so the first scores are near 0 and the initial BCE
+   (positive plus negative term) is near 2·log 2, as SASRec's; per matrix it starts over twice as high.
 7. **Variants**: ``base`` = hard codes, targets are the same quantizer's hard codeword sums (8×128 on
    ML-1M, 8×256 elsewhere); ``soft`` = the softmax π in the histogram, the soft reconstruction Σ π·C
    as the sequence input, raw (unquantized) targets, and the code's auxiliary loss
@@ -46,8 +51,9 @@ the paper's numbers):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -59,6 +65,7 @@ from models.blocks import FeedForward, right_aligned_positions
 from models.registry import register
 
 VARIANTS = ("base", "soft", "mini")
+INITS = ("authors", "per_matrix")  # choice 6 of the module docstring
 ONE_CODEWORD = "(one codeword cannot tell items apart)"
 
 
@@ -78,6 +85,15 @@ class LISAConfig(ModelConfig):
     aux_weight: float = knob(0.01, at_least=0)  # soft only: weight of the reconstruction loss
     inner_size: int = positive(128)
     dropout: float = probability(0.1)
+    init: str = one_of("authors", INITS)  # the codebook and Q/K/V stacks: one 3-d tensor each, or per matrix
+
+
+
+def init_stack(stack: torch.Tensor, init: Callable[[torch.Tensor], Any], per_matrix: bool) -> None:
+    """``init`` (an ``nn.init`` function) on a (B, …) parameter stack: as one tensor, whose fans torch computes
+    from all its dimensions, or on each of its B matrices alone (module docstring, choice 6)."""
+    for tensor in (stack.data if per_matrix else [stack.data]):
+        init(tensor)
 
 
 class Quantized(NamedTuple):
@@ -89,13 +105,13 @@ class Quantized(NamedTuple):
 class ResidualQuantizer(nn.Module):
     """B codebooks of W codewords; codebook b encodes the residual left by codebooks 1..b−1."""
 
-    def __init__(self, num_codebooks: int, num_codewords: int, hidden_size: int, temperature: float):
+    def __init__(self, num_codebooks: int, num_codewords: int, hidden_size: int, temperature: float,
+                 per_matrix_init: bool = False):
         super().__init__()
         self.codebooks = nn.Parameter(torch.empty(num_codebooks, num_codewords, hidden_size))
         self.bilinear = nn.Parameter(torch.empty(hidden_size, hidden_size))  # U, shared by the codebooks
         self.temperature = temperature
-        for book in self.codebooks.data:
-            nn.init.xavier_normal_(book)
+        init_stack(self.codebooks, nn.init.xavier_normal_, per_matrix_init)
         nn.init.xavier_normal_(self.bilinear)
 
     def forward(self, x: torch.Tensor, soft: bool = False) -> Quantized:
@@ -151,9 +167,10 @@ class LISA(SeqRecModel):
         d, books = c.hidden_size, c.num_codebooks
         self.items = nn.Embedding(c.num_items + 1, d, padding_idx=0)
         self.positions = nn.Embedding(c.max_len, d)
-        self.quantizer = ResidualQuantizer(books, c.num_codewords, d, c.temperature)
-        self.target_quantizer = (ResidualQuantizer(c.target_codebooks, c.target_codewords, d, c.temperature)
-                                 if c.variant == "mini" else None)
+        per_matrix = c.init == "per_matrix"
+        self.quantizer = ResidualQuantizer(books, c.num_codewords, d, c.temperature, per_matrix)
+        self.target_quantizer = (ResidualQuantizer(c.target_codebooks, c.target_codewords, d, c.temperature,
+                                                   per_matrix) if c.variant == "mini" else None)
         self.query_proj, self.key_proj, self.value_proj = (nn.Parameter(torch.empty(books, d, d)) for _ in range(3))
         self.ffn = FeedForward(d, c.inner_size, c.dropout, activation="relu")
         self.norm_attn, self.norm_ffn = nn.LayerNorm(d), nn.LayerNorm(d)
@@ -166,8 +183,7 @@ class LISA(SeqRecModel):
         with torch.no_grad():
             self.items.weight[0].zero_()
         for proj in (self.query_proj, self.key_proj, self.value_proj):
-            for matrix in proj.data:
-                nn.init.xavier_uniform_(matrix)
+            init_stack(proj, nn.init.xavier_uniform_, per_matrix)
         for linear in (self.ffn.up, self.ffn.down):
             nn.init.xavier_uniform_(linear.weight)
             nn.init.zeros_(linear.bias)

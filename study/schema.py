@@ -37,6 +37,10 @@ ADDED = (
     Added(2, "output_bias", False, model="bert4rec"),
     # before the setting existed, every objective trained on each user's newest window only
     Added(2, "cloze_window_step", 0),
+    Added(2, "adam_beta2", 0.999),  # torch's default, which the trainer fixed
+    Added(2, "init", "per_matrix", model="lisa"),  # each (W, D) or (D, D) matrix initialised alone
+    Added(2, "query_batchnorm", False, model="elastic"),
+    Added(2, "key_heads", 1, model="elastic"),
 )
 RENAMED: dict[str, str] = {}  # an old key -> today's key, applied before ADDED
 SCOPES = ("model", "trainer", "all")

@@ -5,7 +5,8 @@
   record exists is replayed instead of retrained, unless the record says its process was lost
   (:func:`study.search.records.lost_process`): a trial killed with its study trains again on ``--resume``.
 * ``trials.parquet`` + ``trials.csv``: one row per trial (schema of :mod:`study.train.results` plus the sweep's columns:
-  ``trial_id``, ``stop_reason``, ``step_time_ms``, ``config.<key>`` for every setting, ``optuna_number``).
+  ``trial_id``, ``stop_reason``, ``step_time_ms``, ``config.<key>`` for every setting, ``extra.<key>`` for each model
+  statistic of the best epoch (ELASTIC's ``extra.expert_usage_rate`` ...), ``optuna_number``).
 * ``history.parquet``: one row per trial and epoch (``train_energy_j``: that epoch's training energy).
 * ``trials/<trial_id>.history.jsonl``: the epochs of a trial still running, one line each, appended as they are
   reported and deleted once its record is written. A sweep killed mid-trial and resumed keeps the epochs before
@@ -158,8 +159,18 @@ def build_row(context: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]
         "config": json.dumps(json_safe(config), sort_keys=True),
     })
     row.update({f"config.{key}": value for key, value in sorted(config.items())})
+    row.update({f"extra.{key}": value for key, value in sorted(_extra(row["extra"]).items())})
     row["optuna_number"] = record.get("optuna_number")
     return json_safe(row)
+
+
+def _extra(text: Any) -> dict[str, Any]:
+    """The ``extra`` JSON of a report (the best epoch's model statistics) as a mapping; malformed gives none."""
+    try:
+        extra = json.loads(text) if isinstance(text, str) else text
+    except json.JSONDecodeError:
+        return {}
+    return extra if isinstance(extra, dict) else {}
 
 
 def write_tables(out_dir: Path, context: dict[str, Any], records: dict[str, dict[str, Any]],

@@ -190,7 +190,8 @@ class EpochReporter:
             "train_throughput": throughput,
             # one optimizer step = batch_size sequences (the last batch of an epoch may be smaller)
             "step_time_ms": 1000.0 * self.batch_size / throughput if throughput > 0 else float("nan"),
-            "extra_json": json.dumps(json_safe(epoch_report.extra)),
+            # the best epoch's model statistics, as the best_valid_* metrics: the trial's row reads the last report
+            "extra_json": json.dumps(json_safe(epoch_report.best_extra)),
             "trial_started_at": self.started,
             "process_started_at": _process_started_at(),
             "trial_compute_s": self.earlier_s + time.time() - self.started,

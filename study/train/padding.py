@@ -5,7 +5,9 @@ Windows are left-padded with item 0 to ``max_len`` (+1 for the target), whatever
 datasets most positions are padding (LastFM at max_len 200: ~72%). A batch only needs the columns from its longest
 real window on, and a group of its rows only those from the group's longest. Models count positions from the
 newest item (``models.blocks.right_aligned_positions``) and never mix rows, so their outputs at real items are the
-same on the trimmed batch and on its groups (``tests/models/test_padding_invariance.py``).
+same on the trimmed batch and on its groups (``tests/models/test_padding_invariance.py``). A model whose training
+forward does mix rows (batch statistics: ``SeqRecModel.mixes_rows_in_training``) gets its training batches trimmed
+but whole, since a group's statistics would not be the batch's.
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ def _run_by_length(model: SeqRecModel, inputs: torch.Tensor, users: torch.Tensor
     """
     real = inputs > 0
     groups = length_groups(real.sum(1))
-    if len(groups) == 1:
+    if len(groups) == 1 or (model.training and model.mixes_rows_in_training):
         return run(trim_padding(inputs), users)
     parts, order, aux_terms = [], [], []
     for rows in groups:

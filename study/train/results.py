@@ -11,7 +11,9 @@ Columns:
 - energy (:mod:`study.train.energy`), in joules: ``train_energy_j_per_epoch`` (median over epochs of the device's
   energy during the epoch's training steps), ``infer_energy_j_per_1k`` (serving 1,000 users), ``energy_method``
   (``nvml``, ``rapl`` or ``unavailable``, then both are NaN)
-- ``config``: every model and trainer key of the trial; ``extra``: model-specific statistics
+- ``config``: every model and trainer key of the trial; ``extra``: the model's statistics at the best epoch
+  (ELASTIC's expert usage on the validation users, ``models/elastic.py``; a sweep's ``trials.parquet`` also spreads
+  them as ``extra.<key>`` columns)
 - ``seed``, ``wall_time_s``, ``status`` (``ok`` | ``failed`` | ``interrupted``: Ctrl-C, the finished epochs), ``error``
 """
 

@@ -69,6 +69,8 @@ class TrainConfig:
     # optimisation
     lr: float = setting(1e-3, STEP_COST)
     weight_decay: float = setting(0.0, STEP_COST)
+    # Adam's β₂ (β₁ stays torch's 0.9): torch's 0.999 by default; LISA's authors train with 0.98
+    adam_beta2: float = setting(0.999, STEP_COST)
     batch_size: int = 128
     max_epochs: int = setting(200, CONTINUES)
     # epochs without a better validation score (selection_metric) before stopping
@@ -125,6 +127,8 @@ class TrainConfig:
         for key in ("prefixes_per_user", "cloze_window_step", "patience", "num_threads"):
             if (getattr(self, key) or 0) < 0:
                 errors.append((key, f"must be >= 0, got {getattr(self, key)}"))
+        if not 0.0 <= self.adam_beta2 < 1.0:  # torch's range; NaN fails it too
+            errors.append(("adam_beta2", f"must be in [0, 1), got {self.adam_beta2}"))
         if self.lr <= 0:
             errors.append(("lr", f"must be > 0, got {self.lr}"))
         if self.selection_metric not in SELECTABLE_METRICS:

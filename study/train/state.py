@@ -56,6 +56,8 @@ class TrainingState:
     throughputs: list[float] = field(default_factory=list)
     train_energies: list[float] = field(default_factory=list)  # joules per epoch (NaN where not measured)
     elapsed_s: float = 0.0  # wall time spent so far, so a resumed trial's time budget counts the earlier sessions
+    # the model's stats() at the best epoch (ELASTIC's expert usage); None in a state written before it was recorded
+    best_extra: dict[str, float] | None = None
     # what the weights are: the model and its config, the training settings, the dataset's identity (model_identity)
     identity: dict[str, Any] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION

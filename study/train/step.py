@@ -24,7 +24,8 @@ class NonFiniteLoss(FloatingPointError):
 
 
 class TrainStep:
-    """One optimisation step of ``model`` under ``train`` (objective, lr, weight decay, grad clip, mask rate).
+    """One optimisation step of ``model`` under ``train`` (objective, lr, Adam's β₂, weight decay, grad clip, mask
+    rate).
 
     Calling it with a (B, L + 1) batch of windows returns the step's loss as a detached tensor; the caller decides
     when to synchronise with ``.item()`` (once per step in the trainer, never inside the timed scaling cells).
@@ -59,7 +60,8 @@ class TrainStep:
             train, trim_padding=trims_padding(train.trim_padding, device, train.compile),
             cloze_window_step=resolve_cloze_window_step(self.objective, train.cloze_window_step, model.config.max_len,
                                                         model.name))
-        self.optimizer = torch.optim.Adam(model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=train.lr, betas=(0.9, train.adam_beta2),
+                                          weight_decay=train.weight_decay)
         # the cloze mask and the negatives draw from their own generator, so batches do not shift the model's RNG
         self.generator = torch.Generator().manual_seed(train.seed)
         self.item_popularity = item_popularity

@@ -68,7 +68,9 @@ class EpochReport:
     train_time_s: float
     throughput: float  # training sequences per second this epoch
     wall_time_s: float
-    extra: dict[str, float] = field(default_factory=dict)
+    extra: dict[str, float] = field(default_factory=dict)  # the model's statistics after this epoch (stats())
+    # and after the best epoch so far, whose metrics best_valid/best_test are: what a result row records
+    best_extra: dict[str, float] = field(default_factory=dict)
     train_energy_j: float = float("nan")  # the device's energy over this epoch's training steps (study.train.energy)
     # The trial's whole state after this epoch, built only when asked (checkpoints are not taken every epoch); it
     # shares the live model's tensors, so save it before the next epoch starts.
@@ -172,6 +174,7 @@ class _Standing:
     test: dict[str, float] = field(default_factory=dict)
     epoch: int = 0
     weights: dict | None = None
+    extra: dict[str, float] = field(default_factory=dict)  # the model's stats() at that epoch (ELASTIC's usage)
     epochs_without_gain: int = 0
 
 
@@ -232,10 +235,20 @@ class _Trial:
         self.step.optimizer.load_state_dict(state.optimizer)
         restore_rng(state.rng, self.rng, self.step.generator)
         self.best = _Standing(valid=dict(state.best_valid), test=dict(state.best_test), epoch=state.best_epoch,
-                              weights=state.best_weights, epochs_without_gain=state.epochs_without_gain)
+                              weights=state.best_weights, epochs_without_gain=state.epochs_without_gain,
+                              extra=self._best_extra(state))
         self.epoch_times, self.throughputs = list(state.epoch_times), list(state.throughputs)
         self.train_energies = list(state.train_energies)
         self.epochs_run = state.epoch
+
+    def _best_extra(self, state: TrainingState) -> dict[str, float]:
+        """The best epoch's model statistics; a state written before it recorded them has them from its weights
+        (ELASTIC's usage counts are a buffer of the state dict)."""
+        if state.best_extra is not None or state.best_weights is None:
+            return dict(state.best_extra or {})
+        best = copy.deepcopy(self.model)
+        best.load_state_dict(state.best_weights)
+        return best.stats()
 
     def snapshot(self, epoch: int) -> TrainingState:
         """The trial's whole state after ``epoch`` (a report's ``snapshot()``): built only when asked, since
@@ -244,6 +257,7 @@ class _Trial:
         return TrainingState(epoch=epoch, model=self.model.state_dict(), optimizer=self.step.optimizer.state_dict(),
                              rng=capture_rng(self.rng, self.step.generator), best_valid=dict(best.valid),
                              best_test=dict(best.test), best_epoch=best.epoch, best_weights=best.weights,
+                             best_extra=dict(best.extra),
                              epochs_without_gain=best.epochs_without_gain, epoch_times=list(self.epoch_times),
                              throughputs=list(self.throughputs), train_energies=list(self.train_energies),
                              elapsed_s=time.perf_counter() - self.started,
@@ -313,7 +327,8 @@ class _Trial:
                              best_valid=best.valid, best_test=best.test, epoch_time_s=epoch_time,
                              train_time_s=train_time, throughput=self.throughputs[-1],
                              wall_time_s=time.perf_counter() - self.started, extra=self.model.stats(),
-                             train_energy_j=self.train_energies[-1], snapshot=partial(self.snapshot, epoch))
+                             train_energy_j=self.train_energies[-1], best_extra=best.extra,
+                             snapshot=partial(self.snapshot, epoch))
         self.epochs_run = epoch
         return report
 
@@ -353,6 +368,7 @@ class _Trial:
             best.valid, best.epoch, best.epochs_without_gain = valid, epoch, 0
             best.test = self._score("test")
             best.weights = copy.deepcopy(self.model.state_dict())
+            best.extra = self.model.stats()  # of the validation pass: a test pass counts nothing (ELASTIC)
         else:
             best.epochs_without_gain += 1
         return valid

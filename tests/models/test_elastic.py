@@ -59,6 +59,7 @@ def test_product_key_topk_equals_brute_force_over_all_keys():
     ({"query_net": "max"}, "query_net", "must be one of"),
     ({"hidden_size": 15, "num_heads": 1}, "hidden_size", "must be even with imr=True"),
     ({"top_k": 0}, "top_k", "must be >= 1"),
+    ({"key_heads": 0}, "key_heads", "must be >= 1"),
 ])
 def test_bad_config_names_the_key_and_the_constraint(overrides, key, text):
     with pytest.raises(models.ConfigError) as caught:
@@ -215,6 +216,52 @@ def test_expert_usage_counts_exactly_the_first_eval_pass_after_training(left_pad
     assert int(model.memory.counts.sum()) == 2 * 4
     model.load_state_dict(state)  # a restored checkpoint carries the counts of its own validation pass
     assert torch.equal(model.memory.counts, counts)
+
+
+def test_query_batchnorm_normalises_a_training_batch_and_keeps_running_statistics(left_padded):
+    model = _build(query_batchnorm=True).train()
+    items = left_padded(60, 22, [22, 15, 9, 4, 1, 18, 7, 12], seed=3)
+    queries = []
+    model.memory.query_norm.register_forward_hook(lambda module, args, out: queries.append(out))
+    model(items)
+    normalised = queries[-1]
+    torch.testing.assert_close(normalised.mean(0), torch.zeros(16), atol=1e-5, rtol=0)
+    torch.testing.assert_close(normalised.var(0, unbiased=False), torch.ones(16), atol=1e-3, rtol=0)
+    assert int(model.memory.query_norm.num_batches_tracked) == 1
+    model(items[:1])  # one row has no batch statistics: the running ones normalise it, and stay as they were
+    assert int(model.memory.query_norm.num_batches_tracked) == 1
+    model.eval()
+    with torch.no_grad():  # in eval mode a row's query does not depend on the rest of its batch
+        torch.testing.assert_close(model.last_hidden(items)[:3], model.last_hidden(items[:3]), atol=1e-6, rtol=0)
+    assert model.mixes_rows_in_training and not _build().mixes_rows_in_training  # so the trainer never groups it
+
+
+def test_key_heads_sum_the_experts_each_head_retrieves(left_padded):
+    """Two heads whose sub-keys are the same retrieve the same experts twice: P⁰ doubles, and each user's 2·k
+    selections are all counted; with their own keys the heads retrieve different experts."""
+    one, two = _build(), _build(key_heads=2)
+    assert one.memory.sub_keys.shape == (2, 4, 8) and two.memory.sub_keys.shape == (4, 4, 8)
+    with torch.no_grad():
+        state = {**two.state_dict(), "memory.sub_keys": two.memory.sub_keys[:2].clone()}
+        one.load_state_dict(state)
+        items = left_padded(60, 22, [22, 15, 9, 4, 1], seed=4)
+        x, valid = one.embedding(items), items > 0
+        p_one, ids_one = one.memory(x, valid)
+        p_two, ids_two = two.memory(x, valid)
+        assert ids_two.shape == (5, 6) and torch.equal(ids_two[:, :3], ids_one)
+        assert not torch.equal(ids_two[:, 3:], ids_one)
+        two.memory.sub_keys[2:] = two.memory.sub_keys[:2]
+        p_same, ids_same = two.memory(x, valid)
+    torch.testing.assert_close(p_same, 2 * p_one)
+    assert torch.equal(ids_same, torch.cat([ids_one, ids_one], -1))
+    assert not torch.allclose(p_two, p_same)
+    two.train()
+    two(items)
+    two.eval()
+    with torch.no_grad():
+        two.item_weights()
+        two.last_hidden(items)
+    assert two.stats()["expert_selections"] == 5 * 3 * 2
 
 
 def test_the_evaluator_counts_its_validation_pass_and_not_the_test_pass(synthetic):

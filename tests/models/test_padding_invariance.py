@@ -40,6 +40,7 @@ VARIANTS = {
     "elastic-mean-query": ("elastic", {"num_experts": 16, "top_k": 2, "query_net": "mean"}),
     "elastic-no-imr": ("elastic", {"imr": False, "top_k": 2}),
     "elastic-no-dispatcher": ("elastic", {"num_experts": 16, "top_k": 2, "dispatcher": False}),
+    "elastic-batchnorm-heads": ("elastic", {"num_experts": 16, "top_k": 2, "query_batchnorm": True, "key_heads": 2}),
     "linrec-elu-cloze": ("linrec", {"feature_map": "elu", "cloze": True}),
     "hstu": ("hstu", {"attention_dim": 8, "linear_dim": 8}),
     "fpmc": ("fpmc", {"num_users": 1}),  # without user ids: its Markov-chain term

@@ -31,6 +31,13 @@ def test_a_recorded_config_rebuilds_the_model_that_was_trained_not_todays_defaul
     assert upgrade_settings("bert4rec", record, SCHEMA) == record
 
 
+@pytest.mark.parametrize(("model", "recorded", "key", "ran"), [
+    ("lisa", {}, "init", "per_matrix"), ("lisa", {"init": "authors"}, "init", "authors"),
+    ("elastic", {}, "query_batchnorm", False), ("elastic", {}, "key_heads", 1), ("sasrec", {}, "adam_beta2", 0.999)])
+def test_a_record_without_a_later_key_reads_as_it_ran(model: str, recorded: dict, key: str, ran: object) -> None:
+    assert upgrade_settings(model, {"num_items": 30, **recorded}, UNSTAMPED)[key] == ran
+
+
 def test_each_scope_gets_only_its_own_keys() -> None:
     trainer = upgrade_settings("bert4rec", {"lr": 0.001}, UNSTAMPED, scope="trainer")
     assert "output_bias" not in trainer and trainer["cloze_window_step"] == 0
@@ -54,7 +61,7 @@ def test_a_state_from_before_a_setting_continues_only_where_it_trained_the_same(
 
 
 def test_rows_of_an_earlier_schema_compare_with_todays() -> None:
-    today = {"lr": 0.001, "cloze_window_step": 0, "output_bias": False}
+    today = {"lr": 0.001, "cloze_window_step": 0, "output_bias": False, "adam_beta2": 0.999}
     rows = pd.DataFrame({"model": ["bert4rec", "bert4rec"], SCHEMA_KEY: [None, SCHEMA],
                          "config": [json.dumps({"lr": 0.001}), json.dumps(today, sort_keys=True)]})
     upgraded = upgrade_rows(rows)

@@ -3,6 +3,7 @@ the experiment's end, each trial's row built once, and a recorder that still pic
 
 from __future__ import annotations
 
+import json
 import pickle
 import threading
 from pathlib import Path
@@ -155,3 +156,19 @@ def test_a_row_records_the_cloze_windows_that_ran(model: str, objective: str | N
     row = recorder_module.build_row(context, {"trial_id": "t0", SCHEMA_KEY: SCHEMA, "status": "completed", "config": {},
                                               "last_report": last})
     assert row["config.cloze_window_step"] == step if step is not None else row["config.cloze_window_step"] is None
+
+
+def test_a_row_spreads_the_best_epochs_model_statistics_as_columns() -> None:
+    """ELASTIC's expert usage (the best epoch's, which the last report carries) becomes ``extra.<key>`` columns
+    beside the ``extra`` JSON; a model without statistics gets none."""
+    context = {"study": "s", "model": "elastic", "model_defaults": {}, "dataset_meta": {"name": "synthetic"},
+               "base_settings": {"max_epochs": 2}}
+    usage = {"expert_usage_rate": 0.25, "expert_load_entropy_norm": 0.5, "expert_max_load": 0.125}
+    last = {"epoch": 2, "best_valid_ndcg@10": 0.1, "extra_json": json.dumps(usage)}
+    row = recorder_module.build_row(context, {"trial_id": "t0", "status": "completed", "config": {},
+                                              "last_report": last})
+    assert json.loads(row["extra"]) == usage
+    assert {key: row[key] for key in row if key.startswith("extra.")} == {f"extra.{k}": v for k, v in usage.items()}
+    bare = recorder_module.build_row(context, {"trial_id": "t1", "status": "completed", "config": {},
+                                               "last_report": {"epoch": 1, "extra_json": "{}"}})
+    assert not [key for key in bare if key.startswith("extra.")]

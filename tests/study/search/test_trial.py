@@ -58,7 +58,8 @@ def test_a_resumed_trial_reports_the_wall_time_of_its_earlier_runs_too() -> None
 
     def epoch(number: int) -> SimpleNamespace:
         return SimpleNamespace(epoch_time_s=1.0, throughput=10.0, flat=lambda: {"epoch": number}, extra={},
-                               snapshot=None, best_epoch=number, epoch=number, train_energy_j=float("nan"))
+                               best_extra={}, snapshot=None, best_epoch=number, epoch=number,
+                               train_energy_j=float("nan"))
 
     sent: list[dict[str, Any]] = []
     started = time.time() - 20.0

@@ -121,6 +121,28 @@ def test_a_batch_of_mixed_lengths_runs_in_length_groups_with_the_whole_batch_los
         torch.testing.assert_close(cut_grads[key], grad, atol=1e-6, rtol=1e-5, msg=key)
 
 
+def test_a_model_whose_training_mixes_rows_runs_a_training_batch_whole(lastfm):
+    """ELASTIC's query BatchNorm normalises a training batch with its own statistics, so its length groups would
+    each see other statistics: the batch is trimmed but computed whole, with the untrimmed batch's loss and
+    gradients. The same batch without BatchNorm runs in groups."""
+    name, hparams = PER_OBJECTIVE["last"]
+    by_length = np.argsort((lastfm.train > 0).sum(1), kind="stable")
+    middle = len(by_length) // 2
+    batch = torch.as_tensor(lastfm.train[np.concatenate([by_length[:24], by_length[middle:middle + 8]])],
+                            dtype=torch.long)
+    width = MAX_LEN - padding_columns(batch[:, :-1])
+    assert width < MAX_LEN
+    batchnorm = {**hparams, "query_batchnorm": True}
+    (full_loss, full_grads, _), (cut_loss, cut_grads, cut_widths) = (
+        _loss_grads_widths("last", name, batchnorm, lastfm.num_items, batch, trim) for trim in (False, True))
+    assert cut_widths == [width]
+    torch.testing.assert_close(cut_loss, full_loss, atol=1e-6, rtol=1e-6)
+    assert "memory.query_norm.weight" in full_grads
+    for key, grad in full_grads.items():
+        torch.testing.assert_close(cut_grads[key], grad, atol=1e-6, rtol=1e-5, msg=key)
+    assert len(_loss_grads_widths("last", name, hparams, lastfm.num_items, batch, True)[2]) > 1
+
+
 def test_evaluation_on_trimmed_batches_gives_the_same_metrics(lastfm):
     torch.manual_seed(0)
     model = models.build("sasrec", num_items=lastfm.num_items, max_len=MAX_LEN, hidden_size=16)

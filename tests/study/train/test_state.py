@@ -13,7 +13,16 @@ import pytest
 import torch
 
 from study.errors import UserError
-from study.train.state import STATE_FILE, identity_changes, load_state, save_state
+from study.train.config import TrainConfig
+from study.train.state import (
+    STATE_FILE,
+    TrainingState,
+    continuation,
+    identity_changes,
+    load_state,
+    model_identity,
+    save_state,
+)
 from study.train.trainer import TrialData, main, run_trial
 
 REPO = Path(__file__).resolve().parents[3]
@@ -129,3 +138,27 @@ def test_a_state_is_continued_only_by_the_training_that_wrote_it(synthetic_lastf
     digest = state.identity["dataset"]["content_hash"]
     assert identity_changes(state.identity, elsewhere) == ["hidden_size: 16 -> 32",
                                                            f"dataset content_hash: {digest} -> {'0' * 64}"]
+
+
+def test_a_key_added_since_a_state_was_written_compares_as_the_run_had_it():
+    """A state written before ``adam_beta2`` (trainer) or LISA's ``init`` (model) existed trained with Adam's 0.999
+    and the per-matrix init: it continues as such, and is refused only where today's run would differ."""
+    from dataclasses import asdict
+
+    import models
+    from study.schema import SCHEMA_KEY
+
+    config = models.make_config("lisa", num_items=30).to_dict()
+    dataset = {"name": "synthetic", "content_hash": "ab"}
+    written = model_identity("lisa", {k: v for k, v in config.items() if k != "init"},
+                             {k: v for k, v in asdict(TrainConfig()).items() if k != "adam_beta2"}, dataset)
+    old = {k: v for k, v in written.items() if k != SCHEMA_KEY}  # written before schemas were stamped
+    as_it_ran = model_identity("lisa", {**config, "init": "per_matrix"}, asdict(TrainConfig()), dataset)
+    assert identity_changes(old, as_it_ran) == []
+    today = model_identity("lisa", config, asdict(TrainConfig(adam_beta2=0.98)), dataset)
+    assert identity_changes(old, today) == ["init: 'per_matrix' -> 'authors'", "adam_beta2: 0.999 -> 0.98"]
+
+    state = TrainingState(epoch=1, model={}, optimizer={}, rng={}, best_valid={}, best_test={}, best_epoch=1,
+                          best_weights=None, epochs_without_gain=0, identity=old)
+    _, settings, _ = continuation(state, {"max_epochs": 9})
+    assert (settings["init"], settings["adam_beta2"], settings["max_epochs"]) == ("per_matrix", 0.999, 9)

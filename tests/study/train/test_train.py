@@ -3,6 +3,7 @@ one test learns on real MovieLens-100K."""
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -137,6 +138,57 @@ def test_settings_are_routed_and_typed():
                                              "max_epochs": "3"})
     assert isinstance(train, TrainConfig) and train.lr == 0.01 and train.mask_history is True
     assert model == {"hidden_size": 128} and train.max_epochs == 3
+
+
+def test_adam_beta2_reaches_the_optimizer_changes_the_steps_and_is_recorded(synthetic):
+    import torch
+
+    import models
+    from models import ConfigError
+    from study.train.step import TrainStep
+
+    windows = torch.as_tensor(synthetic.train[:64], dtype=torch.long)
+    weights = {}
+    for beta2 in (0.999, 0.98):
+        torch.manual_seed(0)
+        model = models.build("sasrec", num_items=synthetic.num_items, max_len=20, hidden_size=16, dropout=0.0,
+                             attn_dropout=0.0)
+        step = TrainStep(model, TrainConfig(adam_beta2=beta2))
+        assert step.optimizer.param_groups[0]["betas"] == (0.9, beta2)
+        for _ in range(3):  # the first Adam step is sign-like whatever β₂; later ones weigh the history by it
+            step(windows)
+        weights[beta2] = model.embedding.items.weight.detach().clone()
+    assert not torch.allclose(weights[0.999], weights[0.98])
+
+    assert TrainConfig().adam_beta2 == 0.999  # torch's default stays the trainer's
+    row = run_trial("sasrec", synthetic, {**QUICK, "max_epochs": 1, "adam_beta2": "0.98"})
+    assert row["config"]["adam_beta2"] == 0.98
+    for bad in (1.0, -0.1, float("nan")):
+        with pytest.raises(ConfigError, match=r"adam_beta2: must be in \[0, 1\)"):
+            split_settings("sasrec", {"adam_beta2": bad})
+
+
+def test_every_report_carries_the_best_epochs_model_statistics_and_so_does_a_resumed_one(synthetic):
+    """ELASTIC's expert usage is counted on each epoch's validation pass; the reports carry both that epoch's and
+    the best epoch's (which a sweep's row records), and a resumed state written before the best epoch's were
+    recorded gets them back from its best weights."""
+    from study.train.state import TrainingState
+
+    settings = {**QUICK, "max_epochs": 3, "prefixes_per_user": 2, "hidden_size": 16, "inner_size": 16,
+                "num_layers": 1, "num_experts": 16, "top_k": 2, "lr": 0.01}
+    reports, states = [], []
+    row = run_trial("elastic", synthetic, settings,  # a snapshot shares the live tensors: copied at once
+                    callback=lambda report: (reports.append(report), states.append(copy.deepcopy(report.snapshot()))))
+    assert [r.best_epoch for r in reports] == [1, 1, 3]  # epoch 2 is not the best: its report carries epoch 1's
+    for report in reports:
+        assert report.extra["expert_selections"] == len(synthetic.valid.targets) * 2
+        assert report.best_extra == reports[report.best_epoch - 1].extra
+    assert row["extra"] == reports[-1].best_extra
+
+    older = TrainingState(**{**vars(states[0]), "best_extra": None})  # the best weights hold the usage counts
+    resumed = []
+    run_trial("elastic", synthetic, settings, resume_from=older, callback=resumed.append)
+    assert [r.best_extra for r in resumed] == [r.best_extra for r in reports[1:]]
 
 
 def _cli(*args: str, env: dict) -> subprocess.CompletedProcess:
