@@ -111,7 +111,7 @@ def dataset_section(campaign: Campaign, dataset: str, folders: dict[str, Path], 
              *(f"![Pareto front of validation NDCG@10 against {axis}, {dataset}]"
                f"({link}/pareto_valid_ndcg_10__{axis}.png)" for axis in PARETO_AXES), "",
              "### Claims", "", *(claim_lines(values, campaign.claims) or ["- no claim has both of its studies yet"]),
-             ""]
+             *unrun_claim_lines(campaign, dataset, values), ""]
     for model, group in campaign.ablations.items():
         ablations = {study: values[study] for study in group if study in values}
         if any(study in campaign.ablation_studies for study in ablations):
@@ -119,6 +119,23 @@ def dataset_section(campaign: Campaign, dataset: str, folders: dict[str, Path], 
     stopped = unconverged(values, epoch_limit)
     lines += ["### Runs stopped by the epoch limit", "",
               *(stopped or ["- none: every run stopped early on validation"]), ""]
+    return lines
+
+
+def unrun_claim_lines(campaign: Campaign, dataset: str, values: dict[str, pd.DataFrame]) -> list[str]:
+    """One line per study claim of ``dataset`` that waits for a study without records: what it needs, and that the
+    campaign command runs it (a claim is never dropped from the page without a word)."""
+    planned = set(campaign.datasets[dataset].studies)
+    lines = []
+    for claim in campaign.claims:
+        studies = (claim.candidate, claim.reference)
+        missing = [study for study in studies if study not in values]
+        if claim.against_published or not missing or not set(studies) <= planned:
+            continue
+        role = f" ({claim.role})" if claim.role else ""
+        lines.append(f"- **not run yet**{role}: {claim.text} ({claim.source}). No records of "
+                     f"{' and '.join(missing)} on {dataset}: `python -m study.campaign {campaign.source.name}` runs "
+                     "them.")
     return lines
 
 

@@ -127,6 +127,18 @@ def test_a_claim_may_state_the_papers_effect_and_its_role(campaign_file: Path) -
         "claims[1].paper_effect: a published row's claim has no paper effect: the row is the paper's"]
 
 
+def test_a_claim_waiting_for_a_study_says_so_where_the_study_belongs(campaign_file: Path) -> None:
+    from study.campaign.page import unrun_claim_lines
+
+    campaign = load_campaign(campaign_file)
+    ran = {"a": pd.DataFrame({"test_ndcg@10": [0.05]})}
+    assert unrun_claim_lines(campaign, "small", ran) == [
+        "- **not run yet**: B outperforms A (paper). No records of b on small: `python -m study.campaign "
+        "campaign.yaml` runs them."]
+    assert unrun_claim_lines(campaign, "other", ran) == []  # b is not one of that dataset's studies
+    assert unrun_claim_lines(campaign, "small", {**ran, "b": ran["a"]}) == []  # both ran: claim_lines judges it
+
+
 def test_an_override_may_change_where_a_study_runs_but_never_its_protocol(campaign_file: Path, capsys) -> None:
     run = ["resources.gpu=0.2", "resources.cpu=1", "checkpoint.every=0"]
     assert check_run_overrides(run) == run
