@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import textwrap
 from typing import Any
 
 import models
@@ -185,11 +186,11 @@ def energy_line(study: Study, concurrency: int) -> str | None:
     """The sweep's one line about energy: that it is not measured here and why, or that trials at once share the
     counter, which counts the whole device; ``None`` when each trial has its device to itself."""
     why = energy_unavailable(study)
+    line = None
     if why:
-        return f"energy: not measured on this machine ({why}); rows say energy_method: unavailable"
-    shared = study.resources.gpu < 1 if trial_device(study) == "cuda" else True
-    if concurrency > 1 and shared:
+        line = f"energy: not measured on this machine ({why}); rows say energy_method: unavailable"
+    elif concurrency > 1 and (study.resources.gpu < 1 if trial_device(study) == "cuda" else True):
         what = "GPU" if trial_device(study) == "cuda" else "CPU (every package)"
-        return (f"energy: the counter measures the whole {what}, which {concurrency} trials at a time share: each "
+        line = (f"energy: the counter measures the whole {what}, which {concurrency} trials at a time share: each "
                 "trial's energy includes its neighbours' (resources.max_concurrent: 1 measures each alone)")
-    return None
+    return textwrap.fill(line, width=120, subsequent_indent="  ") if line else None  # the console's width
