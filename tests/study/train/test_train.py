@@ -292,7 +292,7 @@ def test_cli_says_the_cost_then_ctrl_c_keeps_the_finished_epochs(cli_env):
         [sys.executable, "-m", "study.train", "--model", "sasrec", "--dataset", "synthetic",
          "--set", "max_epochs=200", "--set", "max_len=20",
          "--set", "hidden_size=16", "--set", "num_heads=1", "--set", "measure_efficiency=false",
-         "--set", "patience=0"],
+         "--set", "patience=0", "--set", "window_step=0"],  # one window per user: the count below
         cwd=REPO, env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     errors: list[str] = []
     reader = threading.Thread(target=lambda: errors.extend(iter(lambda: process.stderr.read(1), "")), daemon=True)
