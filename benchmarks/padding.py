@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = {"full": make_step(data, args, trim=False), "trimmed": make_step(data, args, trim=True)}
     except (ConfigError, UserError) as error:
         return print_error(error)
-    batches = [w for w, _ in user_batches(data.train, args.batch_size, np.random.default_rng(args.seed))]
+    batches = [batch.windows for batch in user_batches(data.train, args.batch_size, np.random.default_rng(args.seed))]
     roof = matmul_peak_gflops(args.threads, args.device)
     where = torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else f"{args.threads} thread(s)"
     times: dict[str, list[float]] = {label: [] for label in rows}

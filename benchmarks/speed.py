@@ -128,7 +128,7 @@ class Row:
     def __init__(self, label: str, step: StepFn, shape: Shape, data: TrialData, batch_size: int, steps: int, seed: int,
                  device: torch.device = CPU):
         self.label, self.step, self.shape, self.device = label, step, shape, device
-        self.batches = [w for w, _ in user_batches(data.train, batch_size, np.random.default_rng(seed))]
+        self.batches = [batch.windows for batch in user_batches(data.train, batch_size, np.random.default_rng(seed))]
         self.steps_per_epoch = len(self.batches)
         self.steps = steps or len(self.batches)
         self.times: list[float] = []

@@ -26,12 +26,12 @@ Choices stated explicitly:
   ``cloze_last_item_samples`` (default off) adds one sample per window whose only mask is its newest item: the
   next-item query that evaluation asks. Both are BERT4Rec config keys, so they are recorded with the model's
   settings in every result row (``config``). Which windows an epoch holds is a trainer key,
-  ``cloze_window_step``: by default the reference code's windows over each user's whole training history, their
+  ``window_step``: by default the reference code's windows over each user's whole training history, their
   starts 0.1 · max_len items apart (its ``prop_sliding_window`` 0.1), which the paper's "training sequences" are in
   that code; 0 keeps each user's newest window only (what data-parallel and streamed studies hold). The newest
   window holds 40 % of ml-100k's training items and half of LastFM's; the whole-history windows hold all of them,
   and since they overlap an epoch masks several times the targets. A study that trains on the newest windows says
-  so in its file (``cloze_window_step: 0``). The §3.6 samples stay off by default because on a small dataset
+  so in its file (``window_step: 0``). The §3.6 samples stay off by default because on a small dataset
   (ml-100k) they cost test accuracy, and a higher mask probability wins back only part of it
   (``experiments/validation-grid/`` compares such cells on validation).
 - Budget. A cloze epoch supervises only the masked ~``mask_prob`` share of its windows' items, where causal CE

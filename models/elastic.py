@@ -90,8 +90,6 @@ QUERY_NETS = ("hierarchical", "mean")
 
 @dataclass
 class ElasticConfig(ModelConfig):
-    # the zoo's window, sized for ml-100k (median history 64); the paper's N = 256 on ML-1M is in search_spaces/paper/
-    max_len: int = 200
     num_layers: int = positive(2)
     num_heads: int = heads(1)
     inner_size: int = positive(256)

@@ -23,14 +23,13 @@ from dataclasses import dataclass
 
 import torch
 
-from models.base import ACTIVATIONS, ModelConfig, SeqRecModel, heads, init_weights, knob, one_of, positive, probability
+from models.base import ACTIVATIONS, ModelConfig, SeqRecModel, heads, init_weights, one_of, positive, probability
 from models.blocks import ATTENTION_BACKENDS, ItemEmbedding, SoftmaxAttention, TransformerBlock, TransformerEncoder
 from models.registry import register
 
 
 @dataclass
 class SASRecConfig(ModelConfig):
-    max_len: int = knob(50, at_least=2)
     num_layers: int = positive(2)
     num_heads: int = heads(2)
     inner_size: int = 256

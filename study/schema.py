@@ -17,7 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-SCHEMA = 2  # 2: records carry `schema`; every key ADDED at 2 or earlier is in every record of schema 2 or later
+# 2: records carry `schema`; 3: `cloze_window_step` became `window_step`, for every objective. Every key ADDED at a
+# schema is in every record of that schema or later.
+SCHEMA = 3
 SCHEMA_KEY = "schema"
 UNSTAMPED = 1  # the schema of a record that carries none
 
@@ -35,14 +37,22 @@ class Added:
 ADDED = (
     # the paper's output bias; the head before it had none
     Added(2, "output_bias", False, model="bert4rec"),
-    # before the setting existed, every objective trained on each user's newest window only
-    Added(2, "cloze_window_step", 0),
+    # before the setting existed (as cloze_window_step), every objective trained on each user's newest window only
+    Added(2, "window_step", 0),
+    # before, windows over the whole history were cloze's, which scores every window's masked targets
+    Added(3, "window_targets", "all"),
     Added(2, "adam_beta2", 0.999),  # torch's default, which the trainer fixed
     Added(2, "init", "per_matrix", model="lisa"),  # each (W, D) or (D, D) matrix initialised alone
     Added(2, "query_batchnorm", False, model="elastic"),
     Added(2, "key_heads", 1, model="elastic"),
 )
-RENAMED: dict[str, str] = {}  # an old key -> today's key, applied before ADDED
+# an old key -> today's key, applied before ADDED (whose keys are today's)
+RENAMED: dict[str, str] = {"cloze_window_step": "window_step"}
+
+
+def renamed_hint(key: str) -> str:
+    """``"; renamed to NEW"`` for a key that was renamed (for an unknown-key message), else ``""``."""
+    return f"; renamed to {RENAMED[key]}" if key in RENAMED else ""
 SCOPES = ("model", "trainer", "all")
 
 

@@ -51,9 +51,10 @@ from study.search.records import (
 )
 from study.storage import Mirror
 from study.train.config import TrainConfig, split_settings
-from study.train.objectives import resolve_cloze_window_step
+from study.train.objectives import resolve_windows
 from study.train.padding import trims_padding
 from study.train.results import json_safe, protocol_of
+from study.train.settings import resolve_patience
 
 EPOCH_KEYS = ("epoch", "train_loss", "best_epoch", "epoch_time_s", "throughput", "wall_time_s", "train_energy_j")
 def is_epoch_key(key: str) -> bool:
@@ -75,7 +76,7 @@ def stop_reason(status: str, last: dict[str, Any], settings: dict[str, Any], *, 
         return "error"
     epoch, best_epoch = int(last.get("epoch", 0)), int(last.get("best_epoch", 0))
     max_epochs = int(settings.get("max_epochs", TrainConfig.max_epochs))
-    patience = int(settings.get("patience", TrainConfig.patience))
+    patience = resolve_patience(last.get("objective", ""), settings.get("patience"))
     if last and epoch >= max_epochs:
         return "max_epochs"
     if last and patience and epoch - best_epoch >= patience:
@@ -104,11 +105,13 @@ def build_row(context: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]
         if last.get("device"):  # what ran: the trainer resolves `auto` settings for its device
             train_cfg = replace(train_cfg, trim_padding=trims_padding(train_cfg.trim_padding, last["device"],
                                                                       train_cfg.compile))
-        if last.get("objective"):  # and the cloze windows for its objective and window length
+        if last.get("objective"):  # and the windows for its objective and window length
             max_len = {**context["model_defaults"], **hparams}.get(
                 "max_len", models.model_class(context["model"]).config_class.max_len)
-            train_cfg = replace(train_cfg, cloze_window_step=resolve_cloze_window_step(
-                last["objective"], train_cfg.cloze_window_step, max_len, context["model"]))
+            window_step, window_targets = resolve_windows(last["objective"], train_cfg.window_step,
+                                                          train_cfg.window_targets, max_len, context["model"])
+            train_cfg = replace(train_cfg, window_step=window_step, window_targets=window_targets,
+                                patience=resolve_patience(last["objective"], train_cfg.patience))
         config = {**context["model_defaults"], **hparams, **train_cfg.__dict__}
     except Exception:  # a trial can fail on its config; its row still records what was asked for
         train_cfg, config = TrainConfig(), dict(settings)

@@ -51,7 +51,7 @@ def check_combinations(study: Study, errors: ConfigErrors) -> None:
     The model declares its own constraints (heads divide hidden size, ELASTIC's K square ...), so this stays
     generic over the registry. ``num_items`` (and ``num_users``) are placeholders: the trainer sizes them from the data.
     """
-    from study.train.objectives import resolve_cloze_window_step, resolve_objective
+    from study.train.objectives import resolve_objective, resolve_windows
 
     points, study.exhaustive_check = _points(study)
     study.checked_points = len(points)
@@ -88,17 +88,17 @@ def check_combinations(study: Study, errors: ConfigErrors) -> None:
             continue
         max_len = hparams.get("max_len", models.model_class(study.model).config_class.max_len)
         try:
-            step = resolve_cloze_window_step(objective, train_cfg.cloze_window_step, max_len, study.model)
+            resolve_windows(objective, train_cfg.window_step, train_cfg.window_targets, max_len, study.model)
         except ConfigError as error:
             for key, message in error.errors:
                 failures.setdefault((_home(study, key), message), []).append(point)
             continue
-        if step and (study.resources.workers_per_trial > 1 or study.dataset["stream"]):
+        if train_cfg.window_step and (study.resources.workers_per_trial > 1 or study.dataset["stream"]):
             # like `last`, its windows come from every user's whole history, not from a worker's shard or a stream
-            given = f"{step}" if train_cfg.cloze_window_step else f"{step} (cloze's default, BERT4Rec's reference code)"
-            errors.add(_home(study, "cloze_window_step"),
-                       f"cloze_window_step {given} cuts every user's whole history into windows, which neither "
-                       "data-parallel workers nor a streamed dataset hold; set cloze_window_step: 0 (each user's "
+            # (left `auto`, the runner trains such trials on each user's newest window)
+            errors.add(_home(study, "window_step"),
+                       f"window_step {train_cfg.window_step} cuts every user's whole history into windows, which "
+                       "neither data-parallel workers nor a streamed dataset hold; set window_step: 0 (each user's "
                        "newest window) or use workers_per_trial: 1 and no stream")
     shown_per_key: dict[tuple, int] = {}
     for (path, message), failing in failures.items():

@@ -26,6 +26,7 @@ from typing import Any
 import models
 from models import ConfigError
 from study.errors import UserError
+from study.schema import renamed_hint
 from study.spec.checks import check_combinations, check_energy
 from study.spec.fields import (
     VALID_METRICS,
@@ -259,7 +260,8 @@ def _read_settings(model: str | None, protocol: dict[str, Any], fixed: dict[str,
             if key in PROTOCOL_SETTINGS:
                 errors.add(("fixed", key), "a protocol key; put it under protocol:")
             elif key not in known:
-                errors.add(("fixed", key), f"unknown key for model {model}; known keys: {', '.join(sorted(known))}")
+                errors.add(("fixed", key), f"unknown key for model {model}{renamed_hint(key)}; known keys: "
+                                           f"{', '.join(sorted(known))}")
     protocol = {k: v for k, v in protocol.items() if k in PROTOCOL_SETTINGS}
     if model is not None:
         fixed = {k: v for k, v in fixed.items() if k in _known_keys(model) and k not in PROTOCOL_SETTINGS}
@@ -291,7 +293,8 @@ def _read_search(model: str | None, search_spec: dict[str, Any], fixed: dict[str
             elif key == "max_epochs":
                 errors.add(("search", key), "the epoch budget is budget.max_epochs (ASHA stops weak trials early)")
             elif key not in known:
-                errors.add(("search", key), f"unknown key for model {model}; known keys: {', '.join(sorted(known))}")
+                errors.add(("search", key), f"unknown key for model {model}{renamed_hint(key)}; known keys: "
+                                            f"{', '.join(sorted(known))}")
             elif key in fixed:
                 errors.add(("search", key), "also set under fixed:; keep one")
             else:

@@ -1,7 +1,7 @@
 """An epoch's training batches, as the trainer draws them: shuffled user windows, or windows built from every
-user's whole history for the objectives that train on those, with each window's user id for the models that read
-one. Its own module so that the trainer holds the training run alone; :mod:`study.train.trainer` re-exports these
-names, which the sweep, the benchmarks and the tests import from it."""
+user's whole history, with each window's user id for the models that read one and the targets it scores. Its own
+module so that the trainer holds the training run alone; :mod:`study.train.trainer` re-exports these names, which
+the sweep, the benchmarks and the tests import from it."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import torch
 from models import SeqRecModel
 from study.errors import UserError
 from study.train.config import TrainConfig
-from study.train.objectives import history_prefix_windows, history_windows
+from study.train.objectives import WindowBatch, history_new_target_windows, history_prefix_windows, history_windows
 from study.train.trial_data import TrialData
 
-Batch = tuple[np.ndarray, np.ndarray | None]  # (windows (B, L + 1), their user ids (B,) or None)
+Batch = WindowBatch  # (windows (B, L + 1), their user ids (B,) or None, scored targets (B,) or None)
 
 
 def user_batches(windows: np.ndarray, batch_size: int, rng: np.random.Generator) -> Iterable[Batch]:
@@ -26,30 +26,28 @@ def user_batches(windows: np.ndarray, batch_size: int, rng: np.random.Generator)
     order = rng.permutation(trainable)
     for start in range(0, len(order), batch_size):
         rows = order[start:start + batch_size]
-        yield windows[rows], rows
+        yield Batch(windows[rows], rows)
 
 
 def epoch_windows(data: TrialData, users: Iterable[Batch | np.ndarray], objective: str, train_cfg: TrainConfig,
                   rng: np.random.Generator) -> Iterator[Batch]:
-    """One epoch's training batches as ``(windows, user ids or None)``. Most objectives train on the user windows
-    as they come (a source without user ids, such as a Ray Data shard, yields bare windows). ``last``, and
-    ``cloze`` with a non-zero ``cloze_window_step`` (``train_cfg`` holds resolved settings: ``None`` is cloze's
-    default, not 0), build their windows from every user's whole training history, which every trial holds in
-    ``data`` (the validation split's histories end right before the validation target), so they never read
-    ``users``.
+    """One epoch's training batches. With ``window_step`` 0 the trial trains on the user windows as they come (a
+    source without user ids, such as a Ray Data shard, yields bare windows). ``last``, and every other objective
+    with a ``window_step`` (``train_cfg`` holds resolved settings, :func:`~study.train.objectives.resolve_windows`),
+    build their windows from every user's whole training history, which every trial holds in ``data`` (the
+    validation split's histories end right before the validation target), so they never read ``users``.
     """
     histories = data.valid
-    max_len = data.train.shape[1] - 1
+    arrays = (histories.history_items, histories.history_starts, histories.history_lengths, data.train.shape[1] - 1)
     if objective == "last":
-        yield from history_prefix_windows(histories.history_items, histories.history_starts,
-                                          histories.history_lengths, max_len, train_cfg.prefixes_per_user,
-                                          train_cfg.batch_size, rng, with_users=True)
-    elif objective == "cloze" and train_cfg.cloze_window_step:
-        yield from history_windows(histories.history_items, histories.history_starts, histories.history_lengths,
-                                   max_len, train_cfg.cloze_window_step, train_cfg.batch_size, rng, with_users=True)
+        yield from history_prefix_windows(*arrays, train_cfg.prefixes_per_user, train_cfg.batch_size, rng)
+    elif train_cfg.window_step and train_cfg.window_targets == "new":
+        yield from history_new_target_windows(*arrays, train_cfg.window_step, train_cfg.batch_size, rng)
+    elif train_cfg.window_step:
+        yield from history_windows(*arrays, train_cfg.window_step, train_cfg.batch_size, rng)
     else:
         for batch in users:
-            yield batch if isinstance(batch, tuple) else (batch, None)
+            yield Batch(*batch) if isinstance(batch, tuple) else Batch(batch)
 
 
 def batch_user_ids(model: SeqRecModel, users: np.ndarray | None, device: torch.device) -> torch.Tensor | None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import models
 from models import ConfigError
+from study.schema import renamed_hint
 from study.train.settings import (  # noqa: F401 (the names callers import from here)
     AUTO_VALUES,
     COMPILE_MODES,
@@ -106,7 +107,8 @@ def split_settings(model_name: str, settings: dict[str, Any]) -> tuple[TrainConf
                 model_values[key] = coerce(key, value, field_type(model_fields[key], model_config_class))
             else:
                 known = sorted(set(TRAIN_FIELDS) | set(model_fields) - {"num_items"})
-                errors.append((key, f"unknown key for model {model_name}; known keys: {', '.join(known)}"))
+                errors.append((key, f"unknown key for model {model_name}{renamed_hint(key)}; known keys: "
+                                    f"{', '.join(known)}"))
         except ConfigError as error:
             errors.extend(error.errors)
     if errors:

@@ -118,7 +118,7 @@ def epoch_cost(step: TrainStep, data: TrialData, train_cfg: TrainConfig, device:
     training is unchanged)."""
     rng = np.random.default_rng(train_cfg.seed)
     started = time.perf_counter()
-    batches = [(windows, batch_user_ids(step.model, users, device)) for windows, users in
+    batches = [(windows, batch_user_ids(step.model, users, device)) for windows, users, _ in
                epoch_windows(data, user_batches(data.train, train_cfg.batch_size, rng), step.objective, train_cfg, rng)]
     loader_s = time.perf_counter() - started
     started = time.perf_counter()

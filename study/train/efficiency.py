@@ -31,7 +31,7 @@ from models import SeqRecModel
 from study.train import energy
 from study.train.batches import epoch_windows, user_batches
 from study.train.config import TrainConfig
-from study.train.objectives import resolve_cloze_window_step, resolve_objective
+from study.train.objectives import resolve_objective, resolve_windows
 from study.train.padding import trim_padding, trims_padding
 from study.train.trial_data import TrialData
 
@@ -209,10 +209,12 @@ def efficiency_figures(model_name: str, model_hparams: dict, train_cfg: TrainCon
     ``counter``, inference energy per 1,000 users (NaN without one)."""
     windows = user_batches(data.train, train_cfg.batch_size, np.random.default_rng(0))
     objective = resolve_objective(model, train_cfg.objective)
-    train_cfg = replace(train_cfg, cloze_window_step=resolve_cloze_window_step(
-        objective, train_cfg.cloze_window_step, model.config.max_len, model_name))
+    window_step, window_targets = resolve_windows(objective, train_cfg.window_step, train_cfg.window_targets,
+                                                  model.config.max_len, model_name)
+    train_cfg = replace(train_cfg, window_step=window_step, window_targets=window_targets)
     settings = {**asdict(train_cfg), "objective": objective}
-    batch, users = next(epoch_windows(data, windows, settings["objective"], train_cfg, np.random.default_rng(0)))
+    # the memory of a full first batch: scoring fewer targets of a window does not shrink its activations
+    batch, users, _ = next(epoch_windows(data, windows, objective, train_cfg, np.random.default_rng(0)))
     try:
         threads = train_cfg.num_threads or torch.get_num_threads()
         peak_mb, method = peak_train_memory_mb(model_name, model_hparams, settings, batch, device,

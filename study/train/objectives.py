@@ -5,13 +5,15 @@ A window's last column is the newest item. The objectives read it differently:
   Efficient, and correct only for causal models.
 - ``last``: CE at the last position only (input = window[:, :-1], target = window[:, -1]). Windows are
   prefixes of whole user histories, produced by :func:`history_prefix_windows`, RecBole's augmentation.
-- ``cloze``: BERT4Rec's masked-item CE over the newest L items. Windows cover each user's whole history, their
-  starts ``cloze_window_step`` items apart (by default 0.1 x L, as BERT4Rec's code), from :func:`history_windows`;
-  with ``cloze_window_step`` 0, each user's newest window only.
+- ``cloze``: BERT4Rec's masked-item CE over the newest L items of each window.
 - ``bce``: the original SASRec loss, one uniformly sampled negative per position.
 - ``sampled_ce``: sampled softmax with the logQ correction at every position (like ``causal``), against
   ``train_negatives`` negatives drawn ``uniform``-ly or by ``popularity`` (gSASRec/eSASRec, Petrov & Macdonald).
   See :func:`sampled_softmax_ce` for the choices.
+
+Every objective but ``last`` trains on windows of L items cut from each user's training history as
+:func:`resolve_windows` says: over the whole history (:func:`history_windows`, :func:`history_new_target_windows`)
+or the newest window only.
 
 With ``trim`` (``TrainStep`` passes ``TrainConfig.trim_padding``, by default on a CPU) the columns that are padding
 in every window of the batch are dropped before the model runs (:mod:`study.train.padding`); the target column
@@ -25,7 +27,7 @@ the same distribution, so grouped and ungrouped runs are twins only without drop
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -36,6 +38,8 @@ from study.train.padding import hidden_by_length, last_hidden_by_length, length_
 
 # objectives that score every position of a window, so they need a causal model
 CAUSAL_OBJECTIVES = ("causal", "sampled_ce")
+# objectives that score every position of a window: windows over older items score only their new targets
+SCORING_OBJECTIVES = ("causal", "bce", "sampled_ce")
 
 
 def resolve_objective(model: SeqRecModel, objective: str) -> str:
@@ -55,18 +59,47 @@ def resolve_objective(model: SeqRecModel, objective: str) -> str:
     return chosen
 
 
-def resolve_cloze_window_step(objective: str, cloze_window_step: int | None, max_len: int, model_name: str) -> int:
-    """The step between the starts of a trial's cloze windows (0: each user's newest window only).
+def resolve_windows(objective: str, window_step: int | None, window_targets: str | None, max_len: int,
+                    model_name: str) -> tuple[int, str]:
+    """How a trial cuts each user's training history into windows, as ``(window_step, window_targets)``.
 
-    ``None`` (the default) is BERT4Rec's reference code under ``cloze``: its ``prop_sliding_window`` 0.1 puts the
-    starts 0.1 x max_len items apart (rounded down, at least 1). Other objectives have no windows to cut (0).
-    A step given with another objective is a config error: it would be ignored."""
-    if objective != "cloze":
-        if cloze_window_step:
-            raise ConfigError([("cloze_window_step", f"applies to the cloze objective only; this trial trains "
-                                                     f"{model_name} with {objective!r}")])
-        return 0
-    return max(1, max_len // 10) if cloze_window_step is None else cloze_window_step
+    ``window_step`` 0 trains on each user's newest window only, scoring all of it (``all``). Otherwise windows
+    ``window_step`` items apart cover the whole history, so every training item is a target an epoch: ``all`` scores
+    every target of every window (:func:`history_windows`, BERT4Rec's reference layout), ``new`` only the ones no
+    newer window scored, the older part of a window being context (:func:`history_new_target_windows`).
+
+    The defaults (``None``): under ``cloze``, windows 0.1 x max_len apart (BERT4Rec's ``prop_sliding_window``)
+    with ``all``, since a cloze window's targets are the random masked positions, none of which is newer than
+    another; under the objectives that score every position, windows max_len / 5 apart with ``new``, so each
+    target older than the newest window sees at least 0.8 x max_len items of context, and an epoch computes
+    about five windows per max_len items of history beyond the newest window. ``last`` trains on every prefix and
+    has no windows: a step or targets given with it are an error, as are ``new`` under cloze and a step past
+    max_len (it would skip items).
+    """
+    def refuse(key: str, why: str) -> ConfigError:
+        return ConfigError([(key, f"{why}; this trial trains {model_name} with {objective!r}")])
+
+    if objective == "last":
+        if window_step or window_targets:
+            raise refuse("window_step" if window_step else "window_targets",
+                         "`last` trains on every prefix of the whole history, not on windows")
+        return 0, "all"
+    if objective == "cloze" and window_targets == "new":
+        raise refuse("window_targets", "cloze scores randomly masked positions, which no window order makes new")
+    if window_step is None:
+        window_step = max(1, max_len // 10) if objective == "cloze" else max(1, max_len // 5)
+    if window_step > max_len:
+        raise refuse("window_step", f"{window_step} is longer than the window (max_len {max_len}), so the windows "
+                                    "would skip items")
+    if window_step == 0:
+        return 0, "all"
+    return window_step, window_targets or ("all" if objective == "cloze" else "new")
+
+
+def trains_on_histories(objective: str, window_step: int) -> bool:
+    """Whether a trial with these resolved settings builds its batches from every user's whole history (which
+    data-parallel workers and streamed datasets do not hold)."""
+    return objective == "last" or window_step > 0
 
 
 def _full_softmax_ce(hidden: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -79,11 +112,23 @@ def _hidden(model: SeqRecModel, inputs: torch.Tensor, users: torch.Tensor | None
     return hidden_by_length(model, inputs, users) if trim else model(inputs, **model.user_inputs(users))
 
 
+def scored_positions(windows: torch.Tensor, scored: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, L) mask of the target positions of (B, L + 1) windows that carry a causal objective's loss: a real
+    target after a real input, and among each window's newest ``scored`` (B,) targets where given
+    (:func:`history_new_target_windows`). Counted from the newest column, so trimming leading padding keeps it."""
+    inputs, targets = windows[:, :-1], windows[:, 1:]
+    mask = (targets > 0) & (inputs > 0)
+    if scored is not None:
+        columns = torch.arange(targets.shape[1], device=targets.device)
+        mask &= columns[None, :] >= targets.shape[1] - scored[:, None]
+    return mask
+
+
 def causal_loss(model: SeqRecModel, windows: torch.Tensor, users: torch.Tensor | None = None,
-                trim: bool = False) -> torch.Tensor:
+                trim: bool = False, scored: torch.Tensor | None = None) -> torch.Tensor:
     inputs, targets = windows[:, :-1], windows[:, 1:]
     hidden = _hidden(model, inputs, users, trim)
-    scored = (targets > 0) & (inputs > 0)
+    scored = scored_positions(windows, scored)
     return _full_softmax_ce(hidden[scored], targets[scored], model.item_weights())
 
 
@@ -151,10 +196,11 @@ def cloze_loss(model: SeqRecModel, windows: torch.Tensor, mask_prob: float, gene
 
 
 def bce_loss(model: SeqRecModel, windows: torch.Tensor, generator: torch.Generator,
-             users: torch.Tensor | None = None, trim: bool = False) -> torch.Tensor:
+             users: torch.Tensor | None = None, trim: bool = False,
+             scored: torch.Tensor | None = None) -> torch.Tensor:
     inputs, targets = windows[:, :-1], windows[:, 1:]
     hidden = _hidden(model, inputs, users, trim)
-    scored = (targets > 0) & (inputs > 0)
+    scored = scored_positions(windows, scored)
     hidden, positives = hidden[scored], targets[scored]
     weights = model.item_weights()
     num_items = weights.shape[0] - 1
@@ -234,10 +280,10 @@ def sampled_softmax_ce(hidden: torch.Tensor, positives: torch.Tensor, weights: t
 
 def sampled_ce_loss(model: SeqRecModel, windows: torch.Tensor, sampler: NegativeSampler,
                     generator: torch.Generator, users: torch.Tensor | None = None,
-                    trim: bool = False) -> torch.Tensor:
+                    trim: bool = False, scored: torch.Tensor | None = None) -> torch.Tensor:
     inputs, targets = windows[:, :-1], windows[:, 1:]
     hidden = _hidden(model, inputs, users, trim)
-    scored = (targets > 0) & (inputs > 0)
+    scored = scored_positions(windows, scored)
     negatives = sampler.draw(generator, windows.device)
     return sampled_softmax_ce(hidden[scored], targets[scored], model.item_weights(), negatives,
                               sampler.log_q(windows.device))
@@ -245,32 +291,44 @@ def sampled_ce_loss(model: SeqRecModel, windows: torch.Tensor, sampler: Negative
 
 def objective_loss(objective: str, model: SeqRecModel, windows: torch.Tensor, *, mask_prob: float,
                    generator: torch.Generator, users: torch.Tensor | None = None,
-                   sampler: NegativeSampler | None = None, trim: bool = False) -> torch.Tensor:
+                   sampler: NegativeSampler | None = None, trim: bool = False,
+                   scored: torch.Tensor | None = None) -> torch.Tensor:
     """``users`` (B,): the user of each window, read only by models that set ``needs_users`` (FPMC);
-    ``sampler``: the negatives of ``sampled_ce``; ``trim``: drop the batch's all-padding columns first."""
+    ``sampler``: the negatives of ``sampled_ce``; ``trim``: drop the batch's all-padding columns first;
+    ``scored`` (B,): how many newest targets of each window the causal objectives score (None: all)."""
+    if scored is not None and objective not in SCORING_OBJECTIVES:
+        raise ValueError(f"the {objective!r} objective does not score a window's positions selectively")
     if trim and objective != "cloze":
         windows = trim_padding(windows, keep=2)  # at least one input column beside the targets
     if objective == "causal":
-        loss = causal_loss(model, windows, users, trim)
+        loss = causal_loss(model, windows, users, trim, scored)
     elif objective == "last":
         loss = last_loss(model, windows, users, trim)
     elif objective == "cloze":
         loss = cloze_loss(model, windows, mask_prob, generator, trim)
     elif objective == "bce":
-        loss = bce_loss(model, windows, generator, users, trim)
+        loss = bce_loss(model, windows, generator, users, trim, scored)
     elif objective == "sampled_ce":
         if sampler is None:
             raise ValueError("the sampled_ce objective needs a NegativeSampler")
-        loss = sampled_ce_loss(model, windows, sampler, generator, users, trim)
+        loss = sampled_ce_loss(model, windows, sampler, generator, users, trim, scored)
     else:
         raise ValueError(f"unknown objective {objective!r}")
     aux = model.aux_loss()
     return loss if aux is None else loss + aux
 
 
+class WindowBatch(NamedTuple):
+    """One training batch: ``windows`` (B, L + 1), each window's user (B,) or None, and ``scored`` (B,): how many of
+    each window's newest target positions carry the loss, or None where every one does (see :func:`history_windows`)."""
+
+    windows: np.ndarray
+    users: np.ndarray | None = None
+    scored: np.ndarray | None = None
+
+
 def history_prefix_windows(items: np.ndarray, starts: np.ndarray, lengths: np.ndarray, max_len: int, per_user: int,
-                           batch_size: int, rng: np.random.Generator, *,
-                           with_users: bool = False) -> Iterator[np.ndarray | tuple[np.ndarray, np.ndarray]]:
+                           batch_size: int, rng: np.random.Generator) -> Iterator[WindowBatch]:
     """Shuffled batches of prefix windows (B, max_len + 1) over users' whole training histories.
 
     User u's training sequence is ``items[starts[u] : starts[u] + lengths[u]]``. Every item of it except
@@ -278,8 +336,8 @@ def history_prefix_windows(items: np.ndarray, starts: np.ndarray, lengths: np.nd
     target last. ``per_user = 0`` yields every target once, which is RecBole's augmentation (one sample
     per training item after the first, however long the history); otherwise ``per_user`` targets per user
     are drawn with replacement. The order is shuffled with ``rng``; only the targets are kept in memory,
-    each batch is one gather, so a long dataset never materialises all its windows at once.
-    ``with_users`` yields ``(windows, users)``: each window's user (its index in ``starts``).
+    each batch is one gather, so a long dataset never materialises all its windows at once. Each batch carries
+    its windows' users (their indices in ``starts``).
     """
     starts, counts = np.asarray(starts, dtype=np.int64), np.maximum(np.asarray(lengths, dtype=np.int64) - 1, 0)
     if per_user:
@@ -289,32 +347,60 @@ def history_prefix_windows(items: np.ndarray, starts: np.ndarray, lengths: np.nd
         owners = np.repeat(np.arange(len(counts)), counts)
         offsets = _ranks_within_owner(counts)
     ends = starts[owners] + 1 + offsets  # positions in `items`; the owner's first item is never a target
-    yield from _window_batches(items, starts, owners, ends, max_len, batch_size, rng, with_users)
+    yield from _window_batches(items, starts, owners, ends, None, max_len, batch_size, rng)
 
 
 def history_windows(items: np.ndarray, starts: np.ndarray, lengths: np.ndarray, max_len: int, step: int,
-                    batch_size: int, rng: np.random.Generator, *,
-                    with_users: bool = False) -> Iterator[np.ndarray | tuple[np.ndarray, np.ndarray]]:
+                    batch_size: int, rng: np.random.Generator) -> Iterator[WindowBatch]:
     """Shuffled batches of windows that cover users' whole training histories, the layout of BERT4Rec's
     reference code (its ``prop_sliding_window``): a history of T > ``max_len`` items gives the windows of
     ``max_len`` items that start at T - max_len, T - max_len - ``step``, ... while they start after its first
     item, plus the window of its first ``max_len`` items; a shorter history is one window. So every item is in
-    at least one window, a recent one in up to ``ceil(max_len / step)``.
+    at least one window, a recent one in up to ``ceil(max_len / step)``, and every target of every window is
+    scored (``window_targets: all``).
 
     Each row is (max_len + 1) wide like every training window, the window in its newest ``max_len`` columns
-    and the item before it (or padding) in the first, which the cloze task does not read. Histories of fewer
-    than two items are skipped, as the newest-window shuffle skips them. Same arguments as
-    :func:`history_prefix_windows`.
+    and the item before it (or padding) in the first: the causal objectives read that item as the first input, so
+    every item of a window is a target, and the cloze task does not read it. Histories of fewer than two items are
+    skipped, as the newest-window shuffle skips them. Same arguments as :func:`history_prefix_windows`.
     """
-    if step < 1:
-        raise ValueError(f"step must be >= 1, got {step}")
+    _check_step(step, max_len)
     starts, lengths = np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
     overhang = np.maximum(lengths - max_len, 0)  # how far the newest window starts after the first item
     counts = np.where(lengths >= 2, 1 + -(-overhang // step), 0)
     owners = np.repeat(np.arange(len(counts)), counts)
     first_items = np.maximum(overhang[owners] - _ranks_within_owner(counts) * step, 0)
     ends = starts[owners] + np.minimum(first_items + max_len, lengths[owners]) - 1  # each window's newest item
-    yield from _window_batches(items, starts, owners, ends, max_len, batch_size, rng, with_users)
+    yield from _window_batches(items, starts, owners, ends, None, max_len, batch_size, rng)
+
+
+def history_new_target_windows(items: np.ndarray, starts: np.ndarray, lengths: np.ndarray, max_len: int, step: int,
+                               batch_size: int, rng: np.random.Generator) -> Iterator[WindowBatch]:
+    """Shuffled batches of windows over users' whole training histories in which every training item but each
+    user's first is scored exactly once (``window_targets: new``): the newest window's targets as the newest-window
+    protocol scores them, every older target with at least ``max_len - step`` items of context where the history
+    has them.
+
+    A history of T items gives its newest window (ending at item T - 1, all of whose targets are scored), then
+    windows ending at T - 1 - max_len, T - 1 - max_len - ``step``, ... while they end after the first item, each
+    scoring only its newest ``step`` targets (fewer in the oldest): the ones no newer window scored. Their older
+    positions are context, computed but not scored, which is what overlapping windows cost. ``scored`` says how
+    many newest targets each window scores. Same rows and arguments as :func:`history_windows`.
+    """
+    _check_step(step, max_len)
+    starts, lengths = np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
+    unscored = np.maximum(lengths - 1 - max_len, 0)  # targets (items 1 ..) the newest window does not reach
+    counts = np.where(lengths >= 2, 1 + -(-unscored // step), 0)
+    owners = np.repeat(np.arange(len(counts)), counts)
+    ranks = _ranks_within_owner(counts)  # 0 = the newest window
+    last = np.where(ranks == 0, lengths[owners] - 1, lengths[owners] - 1 - max_len - (ranks - 1) * step)
+    scored = np.where(ranks == 0, max_len, np.minimum(step, last))
+    yield from _window_batches(items, starts, owners, starts[owners] + last, scored, max_len, batch_size, rng)
+
+
+def _check_step(step: int, max_len: int) -> None:
+    if not 1 <= step <= max_len:
+        raise ValueError(f"step must be in [1, max_len={max_len}] (a longer one skips items), got {step}")
 
 
 def _ranks_within_owner(counts: np.ndarray) -> np.ndarray:
@@ -322,9 +408,9 @@ def _ranks_within_owner(counts: np.ndarray) -> np.ndarray:
     return np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
 
 
-def _window_batches(items: np.ndarray, starts: np.ndarray, owners: np.ndarray, ends: np.ndarray, max_len: int,
-                    batch_size: int, rng: np.random.Generator,
-                    with_users: bool) -> Iterator[np.ndarray | tuple[np.ndarray, np.ndarray]]:
+def _window_batches(items: np.ndarray, starts: np.ndarray, owners: np.ndarray, ends: np.ndarray,
+                    scored: np.ndarray | None, max_len: int, batch_size: int,
+                    rng: np.random.Generator) -> Iterator[WindowBatch]:
     """Shuffled batches of the (max_len + 1)-wide windows whose newest item is ``items[ends[i]]``, each padded
     before its owner's first item; one gather a batch."""
     order = rng.permutation(len(ends))
@@ -334,4 +420,4 @@ def _window_batches(items: np.ndarray, starts: np.ndarray, owners: np.ndarray, e
         columns = ends[picked, None] + span
         windows = items[np.maximum(columns, 0)]
         windows[columns < starts[owners[picked], None]] = 0  # before the user's first item: padding
-        yield (windows, owners[picked]) if with_users else windows
+        yield WindowBatch(windows, owners[picked], None if scored is None else scored[picked])

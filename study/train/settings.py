@@ -36,6 +36,7 @@ def setting(default: Any, *roles: str) -> Any:
 
 
 EVAL_MODES = ("full", "sampled")
+WINDOW_TARGETS = ("new", "all")
 NEGATIVE_SAMPLERS = ("uniform", "popularity")
 METRIC_KS = (5, 10, 20)
 SELECTION_METRIC = "ndcg@10"  # the default validation metric that picks the best epoch
@@ -59,10 +60,14 @@ class TrainConfig:
     mask_history: bool = setting(False, PROTOCOL, RANKING)  # RecBole's default: history items stay rankable
     mask_prob: float = setting(0.2, STEP_COST)  # cloze only; BERT4Rec uses 0.2 on MovieLens, 0.6 on Beauty
     prefixes_per_user: int = 0  # `last` only: 0 = every prefix (RecBole's augmentation), n = n random ones
-    # `cloze` only: windows over the whole training history whose starts are n items apart; None (`auto`) = BERT4Rec's
-    # reference code, 0.1 x max_len; 0 = each user's newest window only, which data-parallel workers and streamed
-    # datasets need (they hold no whole histories). See study.train.objectives.resolve_cloze_window_step
-    cloze_window_step: int | None = None
+    # How each user's training history is cut into windows of max_len items, for every objective but `last` (which
+    # trains on every prefix): n = windows over the whole history, n items apart, so every training item is a
+    # target; 0 = each user's newest window only, which data-parallel workers and streamed datasets need (they hold
+    # no whole histories); None (`auto`) = the objective's default. window_targets: which targets of those windows
+    # carry the loss, `new` (each item once an epoch, the rest of a window is context) or `all`; None (`auto`) =
+    # `new` where an objective scores every position, `all` under cloze. See study.train.objectives.resolve_windows
+    window_step: int | None = None
+    window_targets: str | None = None
     # `sampled_ce` only (training negatives; num_negatives/negative_sampler above are the *evaluation* protocol's)
     train_negatives: int = 256  # eSASRec's SS-256
     train_negative_sampler: str = "uniform"  # uniform or popularity, always with the logQ correction
@@ -73,8 +78,9 @@ class TrainConfig:
     adam_beta2: float = setting(0.999, STEP_COST)
     batch_size: int = 128
     max_epochs: int = setting(200, CONTINUES)
-    # epochs without a better validation score (selection_metric) before stopping
-    patience: int = setting(10, CONTINUES)
+    # epochs without a better validation score (selection_metric) before stopping (0: never); None (`auto`) =
+    # resolve_patience's, by objective
+    patience: int | None = setting(None, CONTINUES)
     # the validation metric that picks the best epoch (whose test metrics are reported) and drives early stopping;
     # a published protocol may use another (S3Rec's stops on NDCG@20)
     selection_metric: str = setting(SELECTION_METRIC, PROTOCOL)
@@ -124,9 +130,11 @@ class TrainConfig:
         for key in ("batch_size", "max_epochs", "eval_batch_size"):
             if getattr(self, key) < 1:
                 errors.append((key, f"must be >= 1, got {getattr(self, key)}"))
-        for key in ("prefixes_per_user", "cloze_window_step", "patience", "num_threads"):
+        for key in ("prefixes_per_user", "window_step", "patience", "num_threads"):
             if (getattr(self, key) or 0) < 0:
                 errors.append((key, f"must be >= 0, got {getattr(self, key)}"))
+        if self.window_targets not in (None, *WINDOW_TARGETS):
+            errors.append(("window_targets", f"must be auto or one of {WINDOW_TARGETS}, got {self.window_targets!r}"))
         if not 0.0 <= self.adam_beta2 < 1.0:  # torch's range; NaN fails it too
             errors.append(("adam_beta2", f"must be in [0, 1), got {self.adam_beta2}"))
         if self.lr <= 0:
@@ -142,6 +150,19 @@ class TrainConfig:
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             errors.append(("device", f"must be auto, cpu or cuda[:N], got {self.device!r}"))
         return errors
+
+
+PATIENCE = 10
+# A cloze epoch supervises about mask_prob (0.2) of the targets a causal epoch does, so it needs about five times
+# the epochs: the reproduction's BERT4Rec studies ran with patience 50 and their best epochs fell at 40-185.
+CLOZE_PATIENCE = 50
+
+
+def resolve_patience(objective: str, patience: int | None) -> int:
+    """The patience a trial of ``objective`` (resolved) stops with: the setting, or the objective's default."""
+    if patience is not None:
+        return patience
+    return CLOZE_PATIENCE if objective == "cloze" else PATIENCE
 
 
 def keys_with(role: str) -> tuple[str, ...]:

@@ -150,9 +150,9 @@ def identity_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[
     records), one ``what: before -> now`` line each; empty when the continued epochs train what the earlier ones did.
 
     :data:`CONTINUATION_KEYS` may differ. The recorded identity is first read as today's keys mean it
-    (:func:`study.schema.upgrade_identity`): a state written before ``cloze_window_step`` existed trained on each
-    user's newest window, so it continues only where today's run would too. A key the state lacks even so (one
-    whose earlier meaning :mod:`study.schema` does not know) is a difference."""
+    (:func:`study.schema.upgrade_identity`): a state written before ``window_step`` existed trained a causal
+    objective on each user's newest window, so it continues only where today's run would too. A key the state
+    lacks even so (one whose earlier meaning :mod:`study.schema` does not know) is a difference."""
     if not recorded:
         return []
     plain = json.loads(json.dumps({"recorded": upgrade_identity(recorded), "current": current}, default=str))

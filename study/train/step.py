@@ -15,8 +15,9 @@ import torch
 import models
 from models import ConfigError, SeqRecModel
 from study.train.config import PRECISIONS, TrainConfig, asks_for_cuda_graphs, cuda_graph_conflict
-from study.train.objectives import NegativeSampler, objective_loss, resolve_cloze_window_step, resolve_objective
+from study.train.objectives import NegativeSampler, objective_loss, resolve_objective, resolve_windows
 from study.train.padding import trims_padding
+from study.train.settings import resolve_patience
 
 
 class NonFiniteLoss(FloatingPointError):
@@ -56,10 +57,11 @@ class TrainStep:
         if conflict:
             raise ConfigError([("compile_mode", conflict)])
         # the settings this step runs with, `auto` ones resolved (the trainer records these)
-        self.train = dataclasses.replace(
-            train, trim_padding=trims_padding(train.trim_padding, device, train.compile),
-            cloze_window_step=resolve_cloze_window_step(self.objective, train.cloze_window_step, model.config.max_len,
-                                                        model.name))
+        window_step, window_targets = resolve_windows(self.objective, train.window_step, train.window_targets,
+                                                      model.config.max_len, model.name)
+        self.train = dataclasses.replace(train, trim_padding=trims_padding(train.trim_padding, device, train.compile),
+                                         window_step=window_step, window_targets=window_targets,
+                                         patience=resolve_patience(self.objective, train.patience))
         self.optimizer = torch.optim.Adam(model.parameters(), lr=train.lr, betas=(0.9, train.adam_beta2),
                                           weight_decay=train.weight_decay)
         # the cloze mask and the negatives draw from their own generator, so batches do not shift the model's RNG
@@ -81,8 +83,10 @@ class TrainStep:
             self.loss = torch.compile(objective_loss, mode=mode)
         self.cuda_graphs = asks_for_cuda_graphs(train) and on_cuda
 
-    def __call__(self, windows: torch.Tensor, *, check_finite: bool = False,
-                 users: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(self, windows: torch.Tensor, *, check_finite: bool = False, users: torch.Tensor | None = None,
+                 scored: torch.Tensor | None = None) -> torch.Tensor:
+        """``users``: each window's user, for the models that read one; ``scored``: how many newest targets of each
+        window carry the loss (whole-history windows with ``window_targets: new``), None for all."""
         self.optimizer.zero_grad(set_to_none=True)
         mixed = self.autocast_dtype is not None
         if self.cuda_graphs:  # a new step: the previous step's graph outputs may be overwritten from here on
@@ -90,7 +94,7 @@ class TrainStep:
         with torch.autocast("cuda", dtype=self.autocast_dtype) if mixed else contextlib.nullcontext():
             loss = self.loss(self.objective, self.model, windows, mask_prob=self.train.mask_prob,
                              generator=self.generator, users=users, sampler=self.sampler,
-                             trim=self.train.trim_padding)
+                             trim=self.train.trim_padding, scored=scored)
         if check_finite and not torch.isfinite(loss):
             raise NonFiniteLoss(f"non-finite training loss {loss.item()}")
         if self.scaler is None:

@@ -42,6 +42,7 @@ from study.train.config import (
 )
 from study.train.cost import epoch_cost
 from study.train.metrics import NonFiniteScores, evaluate, popularity_metrics, sample_negatives
+from study.train.objectives import trains_on_histories
 from study.train.results import make_result, to_json_line
 from study.train.state import (
     TrainingState,
@@ -202,11 +203,11 @@ class _Trial:
         self.objective = self.step.objective
         # its `auto` settings resolved (padding trim, cloze windows): the row records what ran
         self.train_cfg = train_cfg = self.step.train
-        if train_batches is not None and (self.objective == "last" or train_cfg.cloze_window_step):
+        if train_batches is not None and trains_on_histories(self.objective, train_cfg.window_step):
             # the sweep refuses these studies; a direct call would silently train every worker on every user
-            raise UserError(f"objective {self.objective!r} with cloze_window_step {train_cfg.cloze_window_step} "
-                            "trains on windows of every user's whole history, not on the batches train_batches "
-                            "gives (set cloze_window_step: 0 to train cloze on those)")
+            raise UserError(f"objective {self.objective!r} with window_step {train_cfg.window_step} trains on "
+                            "windows of every user's whole history, not on the batches train_batches gives (set "
+                            "window_step: 0 to train on those)")
         self.rng = np.random.default_rng(train_cfg.seed)
         self.negatives = _eval_negatives(self.data, train_cfg)
         self.best = _Standing()
@@ -225,9 +226,8 @@ class _Trial:
         torch's shape error, and a changed training setting would not fail at all.
         """
         if changes := identity_changes(state.identity, self.identity):
-            # e.g. a state written before `cloze_window_step` existed does not record it, and today's default trains
-            # on windows over the whole history, not on the newest window it trained on: the continued epochs would
-            # be another run
+            # e.g. a state that trained on each user's newest window, continued under today's default, which trains
+            # on windows over the whole history: the continued epochs would be another run
             raise UserError(f"the training state of epoch {state.epoch} was written by a run that trained "
                             f"otherwise: {'; '.join(changes)}. Continuing it would train another configuration than "
                             "its earlier epochs did; rerun the trial instead")
@@ -341,11 +341,12 @@ class _Trial:
         users = (self.train_batches(epoch) if self.train_batches
                  else user_batches(self.data.train, train_cfg.batch_size, self.rng))
         total_loss, sequences, steps = 0.0, 0, 0
-        for windows, window_users in epoch_windows(self.data, users, self.objective, train_cfg, self.rng):
+        for windows, window_users, scored in epoch_windows(self.data, users, self.objective, train_cfg, self.rng):
             batch = torch.as_tensor(windows, dtype=torch.long, device=self.device)
             batch_users = batch_user_ids(self.model, window_users, self.device)
+            batch_scored = None if scored is None else torch.as_tensor(scored, device=self.device)
             try:
-                loss = self.step(batch, check_finite=True, users=batch_users)
+                loss = self.step(batch, check_finite=True, users=batch_users, scored=batch_scored)
             except NonFiniteLoss as error:
                 raise NonFiniteLoss(f"{error} at epoch {epoch}, step {steps + 1}") from None
             total_loss += loss.item()

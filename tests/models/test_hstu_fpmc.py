@@ -219,9 +219,9 @@ def data(synthetic_lastfm_prepared) -> TrialData:
 def test_user_batches_carry_each_window_s_user(data):
     batches = list(user_batches(data.train, 64, np.random.default_rng(0)))
     assert len(batches) > 1
-    for windows, users in batches:
+    for windows, users, _ in batches:
         np.testing.assert_array_equal(windows, data.train[users])  # rows of the prepared windows are users
-    seen = np.concatenate([users for _, users in batches])
+    seen = np.concatenate([batch.users for batch in batches])
     assert len(np.unique(seen)) == len(seen)
 
 
@@ -230,7 +230,7 @@ def test_last_objective_prefixes_keep_their_user(data):
     batches = list(epoch_windows(data, iter(()), "last", config, np.random.default_rng(0)))
     assert len(batches) > 1
     split = data.valid  # histories end right before the validation target: the training sequences
-    for prefixes, prefix_users in batches[:3]:
+    for prefixes, prefix_users, _ in batches[:3]:
         assert len(prefixes) == len(prefix_users)
         for prefix, user in zip(prefixes, prefix_users):
             real = prefix[prefix > 0]
@@ -238,8 +238,8 @@ def test_last_objective_prefixes_keep_their_user(data):
             history = split.history_items[start:start + split.history_lengths[user]]
             # a prefix of user u is a contiguous piece of u's training history ending at one of its targets
             assert any(np.array_equal(history[end - len(real):end], real) for end in range(len(real), len(history) + 1))
-    windows, users = next(epoch_windows(data, [data.train[:5]], "causal", config, np.random.default_rng(0)))
-    assert users is None  # a source of bare windows (a Ray Data shard) carries no user ids
+    windows, users, scored = next(epoch_windows(data, [data.train[:5]], "causal", config, np.random.default_rng(0)))
+    assert users is None and scored is None  # a source of bare windows (a Ray Data shard) carries no user ids
 
 
 def test_the_evaluator_scores_row_u_as_user_u(data):
@@ -266,7 +266,7 @@ def test_the_evaluator_scores_row_u_as_user_u(data):
 def test_learning_beats_popularity_on_lastfm(name, settings, lastfm_prepared):
     data = TrialData.from_prepared(lastfm_prepared, max_len=50)
     result = run_trial(name, data, {"batch_size": 32, "patience": 0, "measure_efficiency": False, "num_threads": 2,
-                                    "seed": 0, "max_len": 50, **settings})
+                                    "seed": 0, "max_len": 50, "window_step": 0, **settings})  # as tuned
     popularity = popularity_metrics(data.valid, data.item_popularity)["ndcg@10"]
     assert result["valid_ndcg@10"] > 1.5 * popularity, (result["valid_ndcg@10"], popularity)
     assert result["objective"] == "causal"

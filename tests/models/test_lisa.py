@@ -279,5 +279,5 @@ def test_lisa_learns_on_movielens(ml100k):
     result = run_trial("lisa", ml100k, {
         "max_epochs": 6, "measure_efficiency": False, "objective": "causal", "lr": 0.005, "max_len": 50,
         "variant": "soft", "hidden_size": 64, "inner_size": 64, "num_codebooks": 4, "num_codewords": 16, "seed": 0,
-        "init": "per_matrix"})
+        "init": "per_matrix", "window_step": 0})
     assert result["test_ndcg@10"] > result["pop_ndcg@10"]

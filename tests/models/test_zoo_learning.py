@@ -17,15 +17,18 @@ from study.train.metrics import popularity_metrics
 from study.train.trainer import TrialData, run_trial
 
 BASE = {"batch_size": 32, "lr": 2e-3, "patience": 0, "measure_efficiency": False, "num_threads": 2, "seed": 0}
+# the causal runs train on each user's newest window, which their epochs were tuned on (what an epoch's windows
+# are is tests/study/train's); cloze keeps its default windows over the whole history
+NEWEST = {"window_step": 0}
 RUNS = {
     "bert4rec": ("bert4rec", {"max_epochs": 8}),
     "cotten4rec": ("cotten4rec", {"max_epochs": 8}),
-    "cotten4rec-causal": ("cotten4rec", {"causal": True, "max_epochs": 4}),
+    "cotten4rec-causal": ("cotten4rec", {"causal": True, "max_epochs": 4, **NEWEST}),
     "linrec-paper": ("linrec", {"hidden_size": 64, "num_heads": 2, "prefixes_per_user": 2, "max_epochs": 2}),
-    "linrec-causal": ("linrec", {"causal": True, "hidden_size": 64, "num_heads": 2, "max_epochs": 4}),
+    "linrec-causal": ("linrec", {"causal": True, "hidden_size": 64, "num_heads": 2, "max_epochs": 4, **NEWEST}),
     "recgrela-paper": ("recgrela", {"num_layers": 2, "prefixes_per_user": 2, "max_epochs": 2}),
-    "recgrela-causal": ("recgrela", {"causal": True, "num_layers": 2, "max_epochs": 3}),
-    "gru4rec": ("gru4rec", {"max_epochs": 5}),
+    "recgrela-causal": ("recgrela", {"causal": True, "num_layers": 2, "max_epochs": 3, **NEWEST}),
+    "gru4rec": ("gru4rec", {"max_epochs": 5, **NEWEST}),
 }
 OBJECTIVE = {"bert4rec": "cloze", "cotten4rec": "cloze", "cotten4rec-causal": "causal", "linrec-paper": "last",
              "linrec-causal": "causal", "recgrela-paper": "last", "recgrela-causal": "causal", "gru4rec": "causal"}

@@ -9,8 +9,10 @@ import pandas as pd
 import pytest
 
 import models
+from models import ConfigError
 from study.analysis.runs import upgrade_rows
 from study.schema import SCHEMA, SCHEMA_KEY, UNSTAMPED, schema_of, upgrade_identity, upgrade_settings
+from study.train.config import split_settings
 from study.train.settings import TrainConfig
 from study.train.state import identity_changes, model_identity
 
@@ -40,28 +42,34 @@ def test_a_record_without_a_later_key_reads_as_it_ran(model: str, recorded: dict
 
 def test_each_scope_gets_only_its_own_keys() -> None:
     trainer = upgrade_settings("bert4rec", {"lr": 0.001}, UNSTAMPED, scope="trainer")
-    assert "output_bias" not in trainer and trainer["cloze_window_step"] == 0
-    assert "cloze_window_step" not in upgrade_settings("bert4rec", {}, UNSTAMPED, scope="model")
+    assert "output_bias" not in trainer and (trainer["window_step"], trainer["window_targets"]) == (0, "all")
+    assert "window_step" not in upgrade_settings("bert4rec", {}, UNSTAMPED, scope="model")
+
+
+def test_a_renamed_key_reads_as_todays_and_study_files_name_the_new_one() -> None:
+    assert upgrade_settings("bert4rec", {"cloze_window_step": 5}, 2) == {"window_step": 5, "window_targets": "all"}
+    with pytest.raises(ConfigError, match="renamed to window_step"):
+        split_settings("bert4rec", {"cloze_window_step": 5})
     with pytest.raises(ValueError, match="scope"):
         upgrade_settings("sasrec", {}, UNSTAMPED, scope="trainr")
 
 
 def test_a_state_from_before_a_setting_continues_only_where_it_trained_the_same() -> None:
-    settings = vars(TrainConfig(objective="cloze", cloze_window_step=0))
+    settings = vars(TrainConfig(objective="cloze", window_step=0, window_targets="all"))  # as the trainer records
     current = model_identity("bert4rec", {"max_len": 8, "output_bias": False}, settings, {"content_hash": "h"})
     assert schema_of(current) == SCHEMA
     old = {key: value for key, value in current.items() if key != SCHEMA_KEY}
     old = {**old, "model_config": {"max_len": 8}, "settings": {k: v for k, v in settings.items()
-                                                                if k != "cloze_window_step"}}
+                                                                if k not in ("window_step", "window_targets")}}
     assert schema_of(old) == UNSTAMPED and upgrade_identity(old)[SCHEMA_KEY] == SCHEMA
     assert identity_changes(old, current) == []  # it trained on the newest window and without a bias, as now
     windows = model_identity("bert4rec", {"max_len": 8, "output_bias": False},
-                             {**settings, "cloze_window_step": 5}, {"content_hash": "h"})
-    assert identity_changes(old, windows) == ["cloze_window_step: 0 -> 5"]
+                             {**settings, "window_step": 5}, {"content_hash": "h"})
+    assert identity_changes(old, windows) == ["window_step: 0 -> 5"]
 
 
 def test_rows_of_an_earlier_schema_compare_with_todays() -> None:
-    today = {"lr": 0.001, "cloze_window_step": 0, "output_bias": False, "adam_beta2": 0.999}
+    today = {"lr": 0.001, "window_step": 0, "window_targets": "all", "output_bias": False, "adam_beta2": 0.999}
     rows = pd.DataFrame({"model": ["bert4rec", "bert4rec"], SCHEMA_KEY: [None, SCHEMA],
                          "config": [json.dumps({"lr": 0.001}), json.dumps(today, sort_keys=True)]})
     upgraded = upgrade_rows(rows)

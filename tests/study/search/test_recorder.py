@@ -143,19 +143,21 @@ def test_a_row_records_the_trimming_that_ran_on_its_device(device: str | None, t
     assert row["config.trim_padding"] is trimmed
 
 
-@pytest.mark.parametrize(("model", "objective", "settings", "step"), [
-    ("bert4rec", "cloze", {}, 20), ("bert4rec", "cloze", {"max_len": 50}, 5),
-    ("bert4rec", "cloze", {"cloze_window_step": 0}, 0), ("sasrec", "causal", {}, 0), ("bert4rec", None, {}, None)])
-def test_a_row_records_the_cloze_windows_that_ran(model: str, objective: str | None, settings: dict,
-                                                  step: int | None) -> None:
-    """`cloze_window_step` left to the trainer is recorded as it resolved it (0.1 x max_len under cloze, 0 under any
-    other objective); a trial that never reported its objective keeps what was asked for."""
+@pytest.mark.parametrize(("model", "objective", "settings", "windows"), [
+    ("bert4rec", "cloze", {}, (5, "all")), ("bert4rec", "cloze", {"max_len": 200}, (20, "all")),
+    ("bert4rec", "cloze", {"window_step": 0}, (0, "all")), ("sasrec", "causal", {}, (10, "new")),
+    ("sasrec", "last", {}, (0, "all")), ("bert4rec", None, {}, (None, None))])
+def test_a_row_records_the_windows_that_ran(model: str, objective: str | None, settings: dict,
+                                            windows: tuple) -> None:
+    """Windows left to the trainer are recorded as it resolved them for the objective and max_len (0.1 x max_len
+    under cloze, max_len / 5 with new targets under causal, none under last); a trial that never reported its
+    objective keeps what was asked for."""
     context = {"study": "s", "model": model, "model_defaults": {}, "dataset_meta": {"name": "synthetic"},
                "base_settings": {"max_epochs": 2, **settings}}
     last = {"epoch": 1, "best_valid_ndcg@10": 0.1, **({"objective": objective} if objective else {})}
     row = recorder_module.build_row(context, {"trial_id": "t0", SCHEMA_KEY: SCHEMA, "status": "completed", "config": {},
                                               "last_report": last})
-    assert row["config.cloze_window_step"] == step if step is not None else row["config.cloze_window_step"] is None
+    assert (row["config.window_step"], row["config.window_targets"]) == windows
 
 
 def test_a_row_spreads_the_best_epochs_model_statistics_as_columns() -> None:

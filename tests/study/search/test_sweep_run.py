@@ -265,7 +265,7 @@ def test_ray_data_batches_cover_every_trainable_window_once_per_epoch(data_cache
     path = prepare("lastfm", source=synthetic_lastfm_file, max_len=30, progress=False)
     dataset = materialized_dataset(training_windows(path, False))  # from_arrow + filter + materialize, as sweeps do
     expected = TrialData.from_prepared(path, 12).train
-    expected = np.concatenate([windows for windows, _ in user_batches(expected, 10_000, np.random.default_rng(0))])
+    expected = np.concatenate([batch.windows for batch in user_batches(expected, 10_000, np.random.default_rng(0))])
     batches = ray_data_batches(dataset, 64, seed=3, max_len=12, shuffle_rows=dataset.count())
     full = TrialData.from_prepared(path, 12).train
     epochs = []

@@ -238,13 +238,14 @@ def test_ctrl_c_names_the_resume_command_with_the_overrides_that_locate_the_run(
     assert again.study == argv[0] and again.overrides == overrides and again.num_cpus == 1 and again.resume
 
 
-def windows_study(tmp_path: Path, model: str, resources: str = "{cpu: 1}", fixed: str = "{cloze_window_step: 5}",
-                  name: str = "") -> Path:
-    """A one-point study on LastFM that trains ``model`` with the reference code's cloze windows."""
+def windows_study(tmp_path: Path, model: str, resources: str = "{cpu: 1}", fixed: str = "{window_step: 5}",
+                  name: str = "", protocol: str = "{}") -> Path:
+    """A one-point study on LastFM that trains ``model`` on windows over the whole history, 5 items apart."""
     return write(tmp_path, f"""
         name: windows-{model}
         model: {model}
         dataset: {{name: lastfm, source: {LASTFM}}}
+        protocol: {protocol}
         fixed: {fixed}
         search: {{lr: {{grid: [0.001]}}}}
         budget: {{num_samples: 1, max_epochs: 2}}
@@ -252,38 +253,43 @@ def windows_study(tmp_path: Path, model: str, resources: str = "{cpu: 1}", fixed
         """, name=f"{name or model}.yaml")
 
 
-def test_cloze_window_step_needs_the_cloze_objective_and_whole_histories(tmp_path: Path,
-                                                                         capsys: pytest.CaptureFixture) -> None:
-    [error] = errors_of(capsys, [str(windows_study(tmp_path, "sasrec")), "--dry-run"])
-    assert "fixed.cloze_window_step: applies to the cloze objective only" in error and "'causal'" in error
+def test_window_settings_need_windows_to_cut_and_whole_histories(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture) -> None:
+    [error] = errors_of(capsys, [str(windows_study(tmp_path, "sasrec", protocol="{objective: last}")), "--dry-run"])
+    assert "fixed.window_step: `last` trains on every prefix of the whole history" in error and "'last'" in error
     sharded = windows_study(tmp_path, "bert4rec", "{cpu: 1, workers_per_trial: 2}")
     text = "\n".join(errors_of(capsys, [str(sharded), "--dry-run"]))
-    assert "fixed.cloze_window_step: cloze_window_step 5 cuts every user's whole history into windows" in text
+    assert "fixed.window_step: window_step 5 cuts every user's whole history into windows" in text
+    assert "set window_step: 0" in text
+    renamed = windows_study(tmp_path, "bert4rec", fixed="{cloze_window_step: 5}", name="renamed")
+    assert "fixed.cloze_window_step: unknown key for model bert4rec; renamed to window_step" in "\n".join(
+        errors_of(capsys, [str(renamed), "--dry-run"]))
 
 
-def test_data_parallel_cloze_must_choose_the_newest_windows(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_data_parallel_trials_train_on_the_newest_windows_by_default(tmp_path: Path) -> None:
+    from study.search.runner import _base_settings
+
     sharded = "{cpu: 1, workers_per_trial: 2}"
-    default = windows_study(tmp_path, "bert4rec", sharded, fixed="{}", name="default")
-    text = "\n".join(errors_of(capsys, [str(default), "--dry-run"]))
-    assert "cloze_window_step 20 (cloze's default, BERT4Rec's reference code)" in text  # 0.1 x max_len 200
-    assert "set cloze_window_step: 0" in text
-    newest = windows_study(tmp_path, "bert4rec", sharded, fixed="{cloze_window_step: 0}", name="newest")
-    assert main([str(newest), "--dry-run"]) == 0
-    causal = windows_study(tmp_path, "sasrec", sharded, fixed="{}", name="causal")  # no cloze, nothing to choose
-    assert main([str(causal), "--dry-run"]) == 0
+    for model in ("bert4rec", "sasrec"):  # cloze and causal: a worker's shard holds no whole histories
+        default = windows_study(tmp_path, model, sharded, fixed="{}", name=f"default-{model}")
+        assert main([str(default), "--dry-run"]) == 0
+        assert _base_settings(load_study(default))["window_step"] == 0
+    alone = load_study(windows_study(tmp_path, "sasrec", fixed="{}", name="alone"))
+    assert "window_step" not in _base_settings(alone)  # `auto`: the objective's default
 
 
-def test_a_searched_cloze_window_step_is_checked_at_each_value(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_a_searched_window_step_is_checked_at_each_value(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     searched = write(tmp_path, f"""
         name: windows-searched
         model: sasrec
         dataset: {{name: lastfm, source: {LASTFM}}}
-        search: {{cloze_window_step: {{grid: [0, 5]}}}}
+        fixed: {{max_len: 50}}
+        search: {{window_step: {{grid: [0, 60]}}}}
         budget: {{num_samples: 2, max_epochs: 2}}
         """)
     [error] = errors_of(capsys, [str(searched), "--dry-run"])
-    assert "cloze_window_step: applies to the cloze objective only" in error
-    assert "at search point cloze_window_step=5" in error
+    assert "window_step: 60 is longer than the window (max_len 50)" in error
+    assert "at search point window_step=60" in error
 
 
 def test_cuda_graph_modes_are_refused_before_any_trial_unless_the_objective_is_last(

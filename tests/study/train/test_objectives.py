@@ -11,7 +11,15 @@ import torch
 
 import models
 from study.train.config import TrainConfig
-from study.train.objectives import history_prefix_windows, history_windows, objective_loss, resolve_objective
+from study.train.objectives import (
+    history_new_target_windows,
+    history_prefix_windows,
+    history_windows,
+    objective_loss,
+    resolve_objective,
+    resolve_windows,
+    scored_positions,
+)
 from study.train.step import TrainStep
 from study.train.trainer import TrialData, epoch_windows
 
@@ -35,11 +43,15 @@ def test_every_prefix_of_the_whole_history_is_one_window():
     histories = [[3, 4, 5, 6, 7, 8, 9], [11], [12, 13], [1, 2, 3, 4]]
     items, starts, lengths = as_flat(histories)
     batches = list(history_prefix_windows(items, starts, lengths, 3, 0, 4, np.random.default_rng(0)))
-    assert [len(b) for b in batches] == [4, 4, 2]  # 6 + 0 + 1 + 3 targets
-    windows = np.concatenate(batches)
+    assert [len(b.windows) for b in batches] == [4, 4, 2]  # 6 + 0 + 1 + 3 targets
+    windows = stacked(batches)
     assert sorted(map(tuple, windows)) == sorted(naive_prefixes(histories, 3))
     # a window never reaches into the previous user's items
     assert (0, 0, 12, 13) in set(map(tuple, windows)) and (0, 0, 1, 2) in set(map(tuple, windows))
+
+
+def stacked(batches) -> np.ndarray:
+    return np.concatenate([batch.windows for batch in batches])
 
 
 def bert4rec_code_windows(histories: list[list[int]], max_len: int, step: int) -> list[tuple[int, ...]]:
@@ -57,20 +69,21 @@ def bert4rec_code_windows(histories: list[list[int]], max_len: int, step: int) -
     return windows
 
 
-@pytest.mark.parametrize(("max_len", "step"), [(3, 1), (4, 2), (5, 3), (5, 5), (4, 9)])
+@pytest.mark.parametrize(("max_len", "step"), [(3, 1), (4, 2), (5, 3), (5, 5), (4, 4)])
 def test_history_windows_are_bert4rec_codes_sliding_windows(max_len, step):
     rng = np.random.default_rng(max_len * 10 + step)
     histories = [list(rng.integers(1, 50, size=n)) for n in (1, 2, 4, 5, 6, 9, 13, 30)]
     items, starts, lengths = as_flat(histories)
-    windows = np.concatenate(list(history_windows(items, starts, lengths, max_len, step, 7, rng)))
+    windows = stacked(history_windows(items, starts, lengths, max_len, step, 7, rng))
     assert sorted(map(tuple, windows.tolist())) == sorted(bert4rec_code_windows(histories, max_len, step))
 
 
 def test_history_windows_cover_every_training_item_once_or_more_on_lastfm(lastfm_prepared):
     data = TrialData.from_prepared(lastfm_prepared, max_len=50)
     split = data.valid
-    windows, users = map(np.concatenate, zip(*epoch_windows(data, iter(()), "cloze", TrainConfig(cloze_window_step=5),
-                                                             np.random.default_rng(0))))
+    config = TrainConfig(window_step=5, window_targets="all")
+    batches = list(epoch_windows(data, iter(()), "cloze", config, np.random.default_rng(0)))
+    windows, users = stacked(batches), np.concatenate([batch.users for batch in batches])
     overhang = np.maximum(split.history_lengths - 50, 0)
     assert len(windows) == int((1 + np.ceil(overhang / 5)).sum())
     # LastFM's long histories: the newest windows alone hold about half of the training items, these hold all
@@ -84,18 +97,66 @@ def test_history_windows_cover_every_training_item_once_or_more_on_lastfm(lastfm
     assert newest_only < 0.6 * split.history_lengths.sum()
 
 
-def test_cloze_window_step_is_refused_outside_cloze():
-    with pytest.raises(models.ConfigError, match="cloze_window_step"):
-        TrainStep(models.build("sasrec", num_items=10, max_len=5), TrainConfig(cloze_window_step=2))
-    assert TrainStep(models.build("bert4rec", num_items=10, max_len=5), TrainConfig(cloze_window_step=2))
+def test_window_settings_resolve_per_objective_and_refuse_what_they_cannot_mean():
+    assert resolve_windows("causal", None, None, 50, "sasrec") == (10, "new")  # max_len / 5, new targets
+    assert resolve_windows("bce", None, None, 50, "lisa") == (10, "new")
+    assert resolve_windows("cloze", None, None, 50, "bert4rec") == (5, "all")  # BERT4Rec's 0.1 x max_len
+    assert resolve_windows("causal", 0, "new", 50, "sasrec") == (0, "all")  # one window: nothing is older
+    assert resolve_windows("sampled_ce", 7, "all", 50, "sasrec") == (7, "all")
+    assert resolve_windows("last", None, None, 50, "sasrec") == (0, "all")
+    for args, key in [(("last", 5, None), "window_step"), (("last", None, "new"), "window_targets"),
+                      (("cloze", None, "new"), "window_targets"), (("causal", 51, None), "window_step")]:
+        with pytest.raises(models.ConfigError) as error:
+            resolve_windows(*args, 50, "sasrec")
+        assert error.value.errors[0][0] == key
+    step = TrainStep(models.build("sasrec", num_items=10, max_len=5), TrainConfig())
+    assert (step.train.window_step, step.train.window_targets) == (1, "new")
+
+
+def test_new_target_windows_score_every_training_item_once_with_context():
+    sizes = (1, 2, 4, 5, 6, 7, 9, 13, 30, 61)
+    ids = np.arange(1, sum(sizes) + 1)  # distinct item ids: each one is one (user, position) of a history
+    histories = [list(part) for part in np.split(ids, np.cumsum(sizes)[:-1])]
+    position = {int(item): index for history in histories for index, item in enumerate(history)}
+    items, starts, lengths = as_flat(histories)
+    for max_len, step in [(5, 1), (5, 2), (5, 5), (4, 3), (6, 4)]:
+        scored_items = []
+        for batch in history_new_target_windows(items, starts, lengths, max_len, step, 4, np.random.default_rng(0)):
+            mask = scored_positions(torch.as_tensor(batch.windows), torch.as_tensor(batch.scored)).numpy()
+            context = np.cumsum(batch.windows[:, :-1] > 0, axis=1)  # real input items up to each position
+            for row, column in zip(*np.nonzero(mask)):
+                target = int(batch.windows[row, column + 1])
+                scored_items.append(target)
+                # every item before it in the history, up to its column (the newest window's targets, as in the
+                # newest-window protocol) or to an older window's guaranteed context
+                reach = column + 1 if batch.scored[row] == max_len else max_len - step + 1
+                assert context[row, column] >= min(position[target], reach), (max_len, step, target)
+            # an older window holds real items only: no padding inside a history
+            real = batch.windows > 0
+            assert (real[:, 1:] | ~np.cumsum(real, axis=1)[:, :-1].astype(bool)).all()
+        # every training item but each user's first, exactly once an epoch
+        assert sorted(scored_items) == sorted(int(i) for history in histories for i in history[1:]), (max_len, step)
+
+
+def test_a_new_target_epoch_on_lastfm_scores_each_training_item_once(lastfm_prepared):
+    data = TrialData.from_prepared(lastfm_prepared, max_len=50)
+    config = TrainConfig(window_step=10, window_targets="new", batch_size=512)
+    counts = np.zeros(len(data.valid.history_lengths), dtype=np.int64)
+    windows = 0
+    for batch in epoch_windows(data, iter(()), "causal", config, np.random.default_rng(0)):
+        mask = scored_positions(torch.as_tensor(batch.windows), torch.as_tensor(batch.scored)).numpy()
+        counts += np.bincount(batch.users, weights=mask.sum(1), minlength=len(counts)).astype(np.int64)
+        windows += len(batch.windows)
+    np.testing.assert_array_equal(counts, np.maximum(data.valid.history_lengths - 1, 0))
+    newest = int((data.valid.history_lengths >= 2).sum())
+    assert newest < windows < 10 * newest  # about one window per 10 items past the newest 50
 
 
 def test_each_epoch_shuffles_the_windows_differently():
     histories = [list(range(1, 40)), list(range(50, 90))]
     items, starts, lengths = as_flat(histories)
     rng = np.random.default_rng(0)
-    first, second = (np.concatenate(list(history_prefix_windows(items, starts, lengths, 5, 0, 8, rng)))
-                     for _ in range(2))
+    first, second = (stacked(history_prefix_windows(items, starts, lengths, 5, 0, 8, rng)) for _ in range(2))
     assert sorted(map(tuple, first)) == sorted(map(tuple, second))
     assert not np.array_equal(first, second)
 
@@ -103,8 +164,7 @@ def test_each_epoch_shuffles_the_windows_differently():
 def test_sampled_prefixes_come_from_each_users_whole_history():
     histories = [list(range(1, 31)), [40, 41, 42]]
     items, starts, lengths = as_flat(histories)
-    windows = np.concatenate(list(history_prefix_windows(items, starts, lengths, 4, 50, 1000,
-                                                         np.random.default_rng(0))))
+    windows = stacked(history_prefix_windows(items, starts, lengths, 4, 50, 1000, np.random.default_rng(0)))
     assert len(windows) == 100
     allowed = set(naive_prefixes(histories, 4))
     assert set(map(tuple, windows)) <= allowed
@@ -134,7 +194,7 @@ def test_last_epoch_has_recboles_sample_count_on_ml100k(ml100k_prepared, shared_
     max_len = 50
     data = TrialData.from_prepared(ml100k_prepared, max_len=max_len)
     config = TrainConfig(batch_size=4096, prefixes_per_user=0)
-    windows = np.concatenate([w for w, _ in epoch_windows(data, iter(()), "last", config, np.random.default_rng(0))])
+    windows = stacked(epoch_windows(data, iter(()), "last", config, np.random.default_rng(0)))
     assert len(windows) == recbole_sample_count(shared_datasets / "ml-100k" / "ml-100k.inter", kcore=5)
     # the stored windows (max_len + 1 items per user) hold well under half of them
     assert len(expand_stored_windows(data.train)) < 0.5 * len(windows)
@@ -159,7 +219,7 @@ def test_each_objective_decreases_its_loss_on_a_batch(synthetic_lastfm_prepared,
         split = data.valid
         starts, lengths = split.history_starts[:64], split.history_lengths[:64]
         rng = np.random.default_rng(0)
-        windows = next(history_prefix_windows(split.history_items, starts, lengths, 50, 1, 64, rng))
+        windows = next(history_prefix_windows(split.history_items, starts, lengths, 50, 1, 64, rng)).windows
     batch = torch.as_tensor(windows, dtype=torch.long)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     generator = torch.Generator().manual_seed(0)
@@ -179,3 +239,22 @@ def test_objective_compatibility_errors_name_the_key_and_reason():
     assert resolve_objective(model, "auto") == "causal"
     with pytest.raises(models.ConfigError, match="objective: sasrec cannot train with 'cloze': it is a causal-only"):
         resolve_objective(model, "cloze")
+
+
+@pytest.mark.parametrize("trim", [False, True])
+def test_a_causal_loss_over_new_targets_is_the_cross_entropy_at_those_positions_only(trim):
+    torch.manual_seed(0)
+    model = models.build("sasrec", num_items=30, max_len=6, dropout=0.0, attn_dropout=0.0)
+    windows = torch.tensor([[0, 0, 0, 4, 5, 6, 7], [1, 2, 3, 4, 5, 6, 7], [9, 8, 7, 6, 5, 4, 3]])
+    scored = torch.tensor([6, 2, 1])
+    loss = objective_loss("causal", model, windows, mask_prob=0.2, generator=torch.Generator(), scored=scored,
+                          trim=trim)
+    logits = model(windows[:, :-1]) @ model.item_weights().T
+    logits[..., 0] = float("-inf")
+    rows, columns = [0, 0, 0, 1, 1, 2], [3, 4, 5, 4, 5, 5]  # row 0: its real targets; rows 1, 2: the newest ones
+    expected = torch.nn.functional.cross_entropy(logits[rows, columns], windows[rows, [c + 1 for c in columns]])
+    torch.testing.assert_close(loss, expected)
+    everything = objective_loss("causal", model, windows, mask_prob=0.2, generator=torch.Generator(), trim=trim)
+    assert not torch.isclose(loss, everything)
+    with pytest.raises(ValueError, match="cloze"):
+        objective_loss("cloze", model, windows, mask_prob=0.2, generator=torch.Generator(), scored=scored)

@@ -89,7 +89,7 @@ def test_each_objective_gives_the_same_loss_and_gradients_on_a_trimmed_batch(las
         split, shortest = lastfm.valid, np.argsort(lastfm.valid.history_lengths)[:64]
         windows = next(history_prefix_windows(split.history_items, split.history_starts[shortest],
                                               split.history_lengths[shortest], MAX_LEN, 2, 10_000,
-                                              np.random.default_rng(0)))
+                                              np.random.default_rng(0))).windows
     batch = torch.as_tensor(windows, dtype=torch.long)
     assert padding_columns(batch) > MAX_LEN // 2
     results = {trim: _loss_grads_widths(objective, name, hparams, lastfm.num_items, batch, trim)

@@ -125,6 +125,7 @@ def test_sampled_softmax_learns_ml100k_beyond_popularity(ml100k_prepared):
     for sampler in ("uniform", "popularity"):  # one test for both samplers: one skip where ../shared is absent
         result = run_trial("sasrec", data, {"objective": "sampled_ce", "train_negatives": 64,
                                             "train_negative_sampler": sampler, "max_epochs": 20, "batch_size": 128,
-                                            "lr": 3e-3, "measure_efficiency": False, "num_threads": 1, "max_len": 50})
+                                            "lr": 3e-3, "measure_efficiency": False, "num_threads": 1, "max_len": 50,
+                                            "window_step": 0})  # each user's newest window, as measured above
         assert result["status"] == "ok" and result["objective"] == "sampled_ce", sampler
         assert result["test_ndcg@10"] > result["pop_ndcg@10"], sampler

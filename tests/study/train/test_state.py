@@ -109,11 +109,11 @@ def test_a_stopped_trial_continues_from_the_command_line_under_a_higher_epoch_li
 
 
 def test_a_state_is_continued_only_by_the_training_that_wrote_it(synthetic_lastfm_prepared, tmp_path):
-    """A state written before a setting existed (here ``cloze_window_step``, whose default then meant each user's
+    """A state written before a setting existed (here ``window_step``, whose default then meant each user's
     newest window and now means windows over the whole history) or under other settings is refused: its continued
     epochs would train another configuration than the earlier ones. When to stop and where to run may differ."""
     data = TrialData.from_prepared(synthetic_lastfm_prepared, max_len=20)
-    settings = {**SETTINGS, "max_epochs": 1, "cloze_window_step": 0}
+    settings = {**SETTINGS, "max_epochs": 1, "window_step": 0}
     run_trial("bert4rec", data, settings, callback=lambda report: save_state(report.snapshot(), tmp_path))
     state = load_state(tmp_path)
     assert identity_changes(state.identity, state.identity) == []
@@ -126,9 +126,9 @@ def test_a_state_is_continued_only_by_the_training_that_wrote_it(synthetic_lastf
     assert identity_changes(before_compile_modes.identity, state.identity) == []
 
     older = copy.deepcopy(state)
-    del older.identity["settings"]["cloze_window_step"]
-    with pytest.raises(UserError, match="cloze_window_step: not recorded -> 2"):  # 0.1 x max_len
-        run_trial("bert4rec", data, {**longer, "cloze_window_step": None}, resume_from=older)
+    del older.identity["settings"]["window_step"]
+    with pytest.raises(UserError, match="window_step: not recorded -> 2"):  # 0.1 x max_len
+        run_trial("bert4rec", data, {**longer, "window_step": None}, resume_from=older)
     with pytest.raises(UserError, match="mask_prob: 0.2 -> 0.4"):
         run_trial("bert4rec", data, {**longer, "mask_prob": 0.4}, resume_from=state)
 

@@ -86,35 +86,39 @@ def test_last_and_bce_objectives_train(synthetic):
         assert result["objective"] == objective and result["status"] == "ok"
 
 
-def test_cloze_with_sliding_windows_trains_and_records_its_step(synthetic):
+@pytest.mark.parametrize(("model", "objective", "targets"), [("bert4rec", "cloze", "all"), ("sasrec", "causal", "new"),
+                                                            ("sasrec", "bce", "all")])
+def test_whole_history_windows_train_and_record_their_step(synthetic, model, objective, targets):
     counts = {}
     for step in (0, 4):
-        result = run_trial("bert4rec", synthetic, {**QUICK, "max_epochs": 1, "cloze_window_step": step})
-        assert result["status"] == "ok" and result["config"]["cloze_window_step"] == step
-        config = TrainConfig(batch_size=64, cloze_window_step=step)
-        batches = epoch_windows(synthetic, user_batches(synthetic.train, 64, np.random.default_rng(0)), "cloze",
+        settings = {**QUICK, "max_epochs": 1, "objective": objective, "window_step": step, "window_targets": targets}
+        result = run_trial(model, synthetic, settings)
+        assert result["status"] == "ok" and result["config"]["window_step"] == step
+        assert result["config"]["window_targets"] == (targets if step else "all")  # one window: all of it
+        config = TrainConfig(batch_size=64, window_step=step, window_targets=targets)
+        batches = epoch_windows(synthetic, user_batches(synthetic.train, 64, np.random.default_rng(0)), objective,
                                 config, np.random.default_rng(0))
-        counts[step] = sum(len(windows) for windows, _ in batches)
+        counts[step] = sum(len(batch.windows) for batch in batches)
     assert counts[4] > counts[0]  # the histories longer than the 20-item windows give more than one
 
 
-def test_cloze_trains_on_the_reference_code_windows_by_default_and_records_the_step(synthetic):
+def test_each_objective_trains_on_its_default_windows_and_records_them(synthetic):
     default = run_trial("bert4rec", synthetic, {**QUICK, "max_epochs": 1})
-    assert default["config"]["cloze_window_step"] == 2  # 0.1 x max_len 20
-    assert split_settings("bert4rec", {"cloze_window_step": "auto"})[0].cloze_window_step is None  # = the default
-    assert run_trial("sasrec", synthetic, {**QUICK, "max_epochs": 1})["config"]["cloze_window_step"] == 0
-    explicit = run_trial("bert4rec", synthetic, {**QUICK, "max_epochs": 1, "cloze_window_step": 2})
-    assert explicit["test_ndcg@10"] == default["test_ndcg@10"]  # the default is that step, nothing else
+    assert (default["config"]["window_step"], default["config"]["window_targets"]) == (2, "all")  # 0.1 x max_len 20
+    assert split_settings("bert4rec", {"window_step": "auto"})[0].window_step is None  # = the default
+    causal = run_trial("sasrec", synthetic, {**QUICK, "max_epochs": 1})["config"]
+    assert (causal["window_step"], causal["window_targets"]) == (4, "new")  # max_len / 5
+    assert run_trial("sasrec", synthetic, {**QUICK, "max_epochs": 1, "objective": "last"})["config"]["window_step"] == 0
 
 
 def test_a_trial_fed_batches_refuses_the_whole_history_windows(synthetic):
     def shard(epoch: int):
         return user_batches(synthetic.train, 64, np.random.default_rng(epoch))
 
-    with pytest.raises(UserError, match="set cloze_window_step: 0"):
+    with pytest.raises(UserError, match="set window_step: 0"):
         run_trial("bert4rec", synthetic, {**QUICK, "max_epochs": 1}, train_batches=shard)
-    result = run_trial("bert4rec", synthetic, {**QUICK, "max_epochs": 1, "cloze_window_step": 0}, train_batches=shard)
-    assert result["status"] == "ok" and result["config"]["cloze_window_step"] == 0
+    result = run_trial("bert4rec", synthetic, {**QUICK, "max_epochs": 1, "window_step": 0}, train_batches=shard)
+    assert result["status"] == "ok" and result["config"]["window_step"] == 0
 
 
 def test_the_popularity_baseline_follows_the_history_masking(synthetic):
@@ -127,9 +131,11 @@ def test_the_popularity_baseline_follows_the_history_masking(synthetic):
 
 
 def test_sasrec_beats_popularity_on_movielens(ml100k_prepared):
+    """On each user's newest window, the cheapest epoch: windows over the whole history cost about six times as
+    much on ml-100k (benchmarks.defaults_search compares what they learn)."""
     data = TrialData.from_prepared(ml100k_prepared, max_len=50)
     result = run_trial("sasrec", data, {"max_epochs": 8, "measure_efficiency": False, "dropout": 0.2,
-                                        "attn_dropout": 0.2, "batch_size": 64})
+                                        "attn_dropout": 0.2, "batch_size": 64, "window_step": 0})
     assert result["test_ndcg@10"] > result["pop_ndcg@10"]
 
 
@@ -268,7 +274,7 @@ def test_a_model_that_turns_nan_fails_the_trial_and_is_never_selected(synthetic,
     name = _register_nan_model(monkeypatch)
     reports = []
     # 1,000 users at batch 512: 2 steps per epoch, so epoch 1 validates finite outputs and epoch 2 (step 4 on) NaN ones
-    settings = {**QUICK, "batch_size": 512, "max_epochs": 3}
+    settings = {**QUICK, "batch_size": 512, "max_epochs": 3, "window_step": 0}  # one window per user
     with pytest.raises(NonFiniteScores, match=r"validation after epoch 2: .*non-finite score"):
         run_trial(name, synthetic, settings, callback=reports.append)
     assert [r.epoch for r in reports] == [1]  # the NaN epoch reached no callback (Tune, ASHA, the searcher)
@@ -286,7 +292,7 @@ def test_cli_says_the_cost_then_ctrl_c_keeps_the_finished_epochs(cli_env):
         [sys.executable, "-m", "study.train", "--model", "sasrec", "--dataset", "synthetic",
          "--set", "max_epochs=200", "--set", "max_len=20",
          "--set", "hidden_size=16", "--set", "num_heads=1", "--set", "measure_efficiency=false",
-         "--set", "patience=0"],
+         "--set", "patience=0", "--set", "window_step=0"],  # one window per user: the count below
         cwd=REPO, env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     errors: list[str] = []
     reader = threading.Thread(target=lambda: errors.extend(iter(lambda: process.stderr.read(1), "")), daemon=True)

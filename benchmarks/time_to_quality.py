@@ -1,0 +1,128 @@
+"""How long SASRec takes to reach 0.9x the test NDCG@10 of SASRec trained on every prefix, by the windows it trains on.
+
+    python -m benchmarks.time_to_quality --dataset ml-100k --source ../shared/datasets/ml-100k [--seeds 3]
+        [--threads 2] [--budget 1800] [--reference 0.0668] [--only newest history last]
+
+Three ways to cut each user's training history, everything else at the trainer's and SASRec's defaults (``python
+-m study.train``'s ``run_trial``, the causal CE except where named):
+
+- ``newest``: each user's newest window only (``window_step: 0``), what every causal model trained on before
+  whole-history windows became the default;
+- ``history``: windows over the whole history, each training item a target once an epoch (the default,
+  ``window_step`` max_len / 5 with ``window_targets: new``);
+- ``last``: CE at the end of every prefix of the whole history (``objective: last``, RecBole's augmentation), one
+  forward pass per training item.
+
+The target is 0.9 x ``--reference``: by default the mean test NDCG@10 of the reproduction's ``sasrec-last`` study on
+the dataset, read from its committed records (``experiments/reproduction/runs/``); a dataset without such records
+needs ``--reference``. Each run trains until early stopping or ``--budget`` seconds; the table gives, per way, the
+median over seeds of the wall time at which the test NDCG@10 of the best-validation epoch (what ``study.train``
+would report if stopped there) first reaches the target, and of the final test NDCG@10. Seeds run one after the other
+on ``--threads`` threads, the ways interleaved within each seed so that a change of load hits all alike; the load
+average is printed with every run: on a shared machine every absolute time depends on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks.speed import load_text
+
+WAYS: dict[str, dict[str, Any]] = {
+    "newest": {"window_step": 0},
+    "history": {},  # today's defaults
+    "last": {"objective": "last"},
+}
+RECORDS = Path(__file__).resolve().parents[1] / "experiments" / "reproduction" / "runs"
+
+
+@dataclass
+class Progress:
+    """Each epoch's (wall s, test NDCG@10 of the best-validation epoch so far)."""
+
+    epochs: list[tuple[float, float]] = field(default_factory=list)
+
+    def __call__(self, report: Any) -> None:
+        self.epochs.append((report.wall_time_s, report.best_test["ndcg@10"]))
+
+    def reached(self, target: float) -> float | None:
+        return next((wall for wall, test in self.epochs if test >= target), None)
+
+
+def campaign_reference(dataset: str) -> float:
+    """The mean test NDCG@10 of the reproduction's sasrec-last study on ``dataset``, from its committed records."""
+    import pandas as pd
+
+    trials = RECORDS / f"repro-{dataset.replace('-', '')}-sasrec-last" / "trials.parquet"
+    if not trials.is_file():
+        raise SystemExit(f"no sasrec-last records for {dataset} at {trials}; give --reference")
+    rows = pd.read_parquet(trials)
+    return float(rows.loc[rows["status"] == "ok", "test_ndcg@10"].mean())
+
+
+def train(prepared: Path, way: str, seed: int, threads: int, budget: float) -> Progress:
+    from study.train.trainer import TrialData, run_trial
+
+    progress = Progress()
+    data = TrialData.from_prepared(prepared, 50)  # SASRec's default window
+    settings = {**WAYS[way], "seed": seed, "num_threads": threads, "time_budget_s": budget,
+                "measure_efficiency": False}
+    run_trial("sasrec", data, settings, callback=progress)
+    return progress
+
+
+def median_or_none(values: list[float | None]) -> float | None:
+    return statistics.median(values) if values and all(v is not None for v in values) else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.time_to_quality", description=__doc__.split("\n")[0])
+    parser.add_argument("--dataset", default="ml-100k", help="a recipe name (python -m study.data list)")
+    parser.add_argument("--source", help="the recipe's local source; default: download where the recipe can")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds per way (1, 2, ...)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--budget", type=float, default=1800.0, help="wall seconds at most per run")
+    parser.add_argument("--reference", type=float, help="the NDCG@10 whose 0.9x is the target")
+    parser.add_argument("--only", nargs="*", choices=list(WAYS), help="run these ways only")
+    args = parser.parse_args(argv)
+    from study.data import prepare
+
+    reference = args.reference if args.reference is not None else campaign_reference(args.dataset)
+    target = 0.9 * reference
+    if "SEQREC_DATA" not in os.environ:  # a private cache: the benchmark writes nowhere else
+        os.environ["SEQREC_DATA"] = tempfile.mkdtemp(prefix="seqrec-ttq-")
+    prepared = prepare(args.dataset, source=args.source, max_len=50, progress=False)
+    ways = args.only or list(WAYS)
+    print(f"{args.dataset}: target test NDCG@10 {target:.4f} (0.9 x {reference:.4f}); {args.threads} threads, "
+          f"at most {args.budget:.0f} s a run; {load_text()}", flush=True)
+    runs: dict[str, list[Progress]] = {way: [] for way in ways}
+    for seed in range(1, args.seeds + 1):
+        for way in ways:
+            progress = train(prepared, way, seed, args.threads, args.budget)
+            runs[way].append(progress)
+            reached = progress.reached(target)
+            outcome = "not reached" if reached is None else f"reached at {reached:.0f} s"
+            print(f"seed {seed}, {way}: {len(progress.epochs)} epochs in {progress.epochs[-1][0]:.0f} s, test "
+                  f"NDCG@10 {progress.epochs[-1][1]:.4f}, target {outcome}; {load_text()}", flush=True)
+    print(f"\n| {args.dataset} | s to test NDCG@10 >= {target:.4f} (median) | reached | final test NDCG@10 (median) "
+          "| s per run (median) |")
+    print("|---|---|---|---|---|")
+    for way in ways:
+        reached = [run.reached(target) for run in runs[way]]
+        ttq = median_or_none(reached)
+        final = statistics.median(run.epochs[-1][1] for run in runs[way])
+        wall = statistics.median(run.epochs[-1][0] for run in runs[way])
+        print(f"| {way} | {'-' if ttq is None else f'{ttq:.0f}'} | {sum(r is not None for r in reached)}/"
+              f"{len(reached)} | {final:.4f} | {wall:.0f} |")
+    print(f"\n{load_text()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
