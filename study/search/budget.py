@@ -223,7 +223,8 @@ def estimate_study(study: Study, data: TrialData) -> StudyEstimate:
     torch.set_num_threads(max(1, math.floor(study.resources.cpu)))
     try:
         step = TrainStep(models.build(study.model, **hparams), train_cfg, item_popularity=trial_data.item_popularity)
-        cost = epoch_cost(step, trial_data, train_cfg, resolve_device("cpu" if study.resources.gpu == 0 else "auto"))
+        # the step's settings, `auto` ones resolved: the windows an epoch cuts depend on the objective
+        cost = epoch_cost(step, trial_data, step.train, resolve_device("cpu" if study.resources.gpu == 0 else "auto"))
         if study.dataset["stream"]:  # the driver holds the first users' windows only: scale to every user's
             cost = cost.scaled(data.meta["num_users"] / max(1, len(data.train)))
         checkpoint_s = _time_checkpoint(step.model)

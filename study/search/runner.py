@@ -99,13 +99,9 @@ def _row_context(study: Study, meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def _base_settings(study: Study) -> dict[str, Any]:
-    """The settings every trial shares; a trial uses as many threads as CPUs it holds (at least one). A data-parallel
-    worker or a streamed dataset holds no whole histories, so there `auto` windows are each user's newest
-    (``window_step`` 0; a step the study gives is refused by :mod:`study.spec.checks`)."""
+    """The settings every trial shares; a trial uses as many threads as CPUs it holds (at least one)."""
     settings = study.settings()
     settings.setdefault("num_threads", max(1, math.floor(study.resources.cpu)))
-    if study.resources.workers_per_trial > 1 or study.dataset["stream"]:
-        settings.setdefault("window_step", 0)
     return settings
 
 

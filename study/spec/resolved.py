@@ -45,8 +45,12 @@ class Study:
     tracking: Tracking = Tracking()
 
     def settings(self, point: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Protocol + fixed keys + the budget's epochs + the training seed, then the searched point."""
+        """Protocol + fixed keys + the budget's epochs + the training seed, then the searched point. A data-parallel
+        worker or a streamed dataset holds no whole histories, so there `auto` windows are each user's newest
+        (``window_step`` 0; a step the study gives is refused by :mod:`study.spec.checks`)."""
         base = {**self.protocol, **self.fixed, "max_epochs": self.budget.max_epochs}
+        if self.resources.workers_per_trial > 1 or self.dataset["stream"]:
+            base.setdefault("window_step", 0)
         if "seed" not in self.search:
             base["seed"] = self.seeds["train"]
         return {**base, **(point or {})}
