@@ -3,9 +3,11 @@ validation. The sequences follow Markov transitions and per-user interest cluste
 (real-data learning is checked by SASRec, HSTU, FPMC, ELASTIC and LISA on MovieLens-100K and LastFM).
 
 Small settings keep each run within ~30 s on two cores: windows of 30 items, batches of 32 (more steps
-per epoch is what a tiny dataset needs), lr 2e-3, no efficiency probe. Cloze models learn from the
-~20% of positions that are masked, so they get more epochs. The margin (1.2× popularity NDCG@10)
-keeps a model that only learned item popularity from passing.
+per epoch is what a tiny dataset needs), lr 2e-3, no efficiency probe. The margin (1.2× popularity NDCG@10)
+keeps a model that only learned item popularity from passing. Each model gets the few epochs that clear it
+well: on this data the cloze models reach 1.5-1.9× popularity after one epoch and 2.4× (Cotten4Rec) and 2.9×
+(BERT4Rec) after three, the causal Cotten4Rec and LinRec 2.9× and 3.1× after two (seed 0), so more epochs
+would only add time; fewer epochs leave a broken model less room to pass.
 """
 
 from __future__ import annotations
@@ -21,11 +23,11 @@ BASE = {"batch_size": 32, "lr": 2e-3, "patience": 0, "measure_efficiency": False
 # are is tests/study/train's); cloze keeps its default windows over the whole history
 NEWEST = {"window_step": 0}
 RUNS = {
-    "bert4rec": ("bert4rec", {"max_epochs": 8}),
-    "cotten4rec": ("cotten4rec", {"max_epochs": 8}),
-    "cotten4rec-causal": ("cotten4rec", {"causal": True, "max_epochs": 4, **NEWEST}),
+    "bert4rec": ("bert4rec", {"max_epochs": 3}),
+    "cotten4rec": ("cotten4rec", {"max_epochs": 3}),
+    "cotten4rec-causal": ("cotten4rec", {"causal": True, "max_epochs": 2, **NEWEST}),
     "linrec-paper": ("linrec", {"hidden_size": 64, "num_heads": 2, "prefixes_per_user": 2, "max_epochs": 2}),
-    "linrec-causal": ("linrec", {"causal": True, "hidden_size": 64, "num_heads": 2, "max_epochs": 4, **NEWEST}),
+    "linrec-causal": ("linrec", {"causal": True, "hidden_size": 64, "num_heads": 2, "max_epochs": 2, **NEWEST}),
     "recgrela-paper": ("recgrela", {"num_layers": 2, "prefixes_per_user": 2, "max_epochs": 2}),
     "recgrela-causal": ("recgrela", {"causal": True, "num_layers": 2, "max_epochs": 3, **NEWEST}),
     "gru4rec": ("gru4rec", {"max_epochs": 5, **NEWEST}),

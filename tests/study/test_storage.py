@@ -189,57 +189,65 @@ def test_an_unreachable_store_is_a_clear_error(tmp_path: Path, s3_server: dict[s
 # A real sweep mirrored to S3
 
 
-def sweep(study: Path, cwd: Path, *extra: str) -> subprocess.CompletedProcess:
-    import os
-
-    env = {**os.environ, "PYTHONPATH": str(REPO), "SEQREC_DATA": str(cwd / "cache"), "OMP_WAIT_POLICY": "PASSIVE"}
-    return subprocess.run([sys.executable, "-m", "study.sweep", str(study), "--num-cpus", "2", "--quiet", *extra],
-                          cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-
-
 @pytest.mark.slow
-def test_a_sweep_mirrors_to_s3_and_resumes_from_it_on_a_machine_without_the_copy(tmp_path: Path, s3_bucket: str,
-                                                                                  write_tiny_sweep) -> None:
+def test_a_sweep_mirrors_to_s3_and_resumes_from_it_on_a_machine_without_the_copy(
+        tmp_path: Path, s3_bucket: str, write_tiny_sweep, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture) -> None:
+    """The commands' own main() on one Ray started here (the AWS variables of ``s3_server`` are in this process, so
+    its workers have them): a sweep, its refused restart, its resume and a replicate batch each in a fresh process
+    would start Ray four times."""
+    import ray
+
+    from study import replicate, sweep
+    from study.cluster import start_ray
+
+    monkeypatch.chdir(tmp_path)  # a URI's working copy goes to ./results/<name>
+    monkeypatch.setenv("SEQREC_DATA", str(tmp_path / "cache"))
     uri = f"{s3_bucket}/studies/mirrored"
     study = write_tiny_sweep(tmp_path / "study.yaml", name="mirrored", storage=uri, samples=2)
-    done = sweep(study, tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert f"mirrored to {uri}" in done.stdout
 
-    local = tmp_path / "results" / "mirrored"
-    remote = s3_files(s3_bucket, "studies/mirrored")
-    for name in ("study.yaml", "environment.json", "trials.parquet", "trials.csv", "history.parquet"):
-        assert remote[name] == (local / name).read_bytes(), name
-    (tmp_path / "optuna.db").write_bytes(remote["optuna.db"])
-    with sqlite3.connect(tmp_path / "optuna.db") as db:
-        assert db.execute("select count(*) from trials").fetchone()[0] == 2
-    records = sorted(name for name in remote if name.startswith("trials/"))
-    assert len(records) == 2 and records == sorted(f"trials/{p.name}" for p in (local / "trials").glob("*.json"))
-    assert any(name.startswith("tune/experiment_state") for name in remote)
+    def run(command: object, *args: str) -> tuple[int, str, str]:
+        code = command.main([*args, "--quiet"])
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
 
-    shutil.rmtree(local)  # the driver's machine is gone; the bucket is all there is
-    done = sweep(study, tmp_path)
-    assert done.returncode == 2
-    assert f"{uri} already holds study 'mirrored'; pass --resume" in done.stderr
-    assert not local.exists()
+    start_ray("local", num_cpus=2, quiet=True)
+    try:
+        code, stdout, stderr = run(sweep, str(study))
+        assert code == 0, stderr[-3000:]
+        assert f"mirrored to {uri}" in stdout
 
-    done = sweep(study, tmp_path, "--resume")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "fetched" in done.stdout and f"from {uri}" in done.stdout
-    trials = pd.read_parquet(local / "trials.parquet")
-    assert len(trials) == 2 and (trials["status"] == "ok").all()
-    assert set(trials["trial_id"]) == {Path(name).stem for name in records}
+        local = tmp_path / "results" / "mirrored"
+        remote = s3_files(s3_bucket, "studies/mirrored")
+        for name in ("study.yaml", "environment.json", "trials.parquet", "trials.csv", "history.parquet"):
+            assert remote[name] == (local / name).read_bytes(), name
+        (tmp_path / "optuna.db").write_bytes(remote["optuna.db"])
+        with sqlite3.connect(tmp_path / "optuna.db") as db:
+            assert db.execute("select count(*) from trials").fetchone()[0] == 2
+        records = sorted(name for name in remote if name.startswith("trials/"))
+        assert len(records) == 2 and records == sorted(f"trials/{p.name}" for p in (local / "trials").glob("*.json"))
+        assert any(name.startswith("tune/experiment_state") for name in remote)
 
-    # replicates of a study read from its URI: fetched into results/<last part>/, and the batch goes back up
-    shutil.rmtree(local)
-    import os
+        shutil.rmtree(local)  # the driver's machine is gone; the bucket is all there is
+        code, _, stderr = run(sweep, str(study))
+        assert code == 2
+        assert f"{uri} already holds study 'mirrored'; pass --resume" in stderr
+        assert not local.exists()
 
-    env = {**os.environ, "PYTHONPATH": str(REPO), "SEQREC_DATA": str(tmp_path / "cache"), "OMP_WAIT_POLICY": "PASSIVE"}
-    done = subprocess.run([sys.executable, "-m", "study.replicate", uri, "--seeds", "1", "--select", "top:1",
-                           "--num-cpus", "2", "--quiet"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert f"{uri}: " in done.stdout and "fetched into results/mirrored" in done.stdout
+        code, stdout, stderr = run(sweep, str(study), "--resume")
+        assert code == 0, stderr[-3000:]
+        assert "fetched" in stdout and f"from {uri}" in stdout
+        trials = pd.read_parquet(local / "trials.parquet")
+        assert len(trials) == 2 and (trials["status"] == "ok").all()
+        assert set(trials["trial_id"]) == {Path(name).stem for name in records}
+
+        # replicates of a study read from its URI: fetched into results/<last part>/, and the batch goes back up
+        shutil.rmtree(local)
+        code, stdout, stderr = run(replicate, uri, "--seeds", "1", "--select", "top:1")
+        assert code == 0, stderr[-3000:]
+    finally:
+        ray.shutdown()
+    assert f"{uri}: " in stdout and "fetched into results/mirrored" in stdout
     replicates = pd.read_parquet(local / "replicates.parquet")
     assert len(replicates) == 1 and (replicates["status"] == "ok").all()
     remote = s3_files(s3_bucket, "studies/mirrored")

@@ -3,7 +3,8 @@
 One sweep of two concurrent trials runs until its time budget ends under them. While it runs, a second sweep under
 the same name is refused; afterwards the stopped trials are results, a resume without more time says so in one
 line, and a resume with more time continues both trials from their checkpoints, losing and repeating no epoch.
-Subprocesses with their own embedded Ray, as a researcher runs them.
+Subprocesses with their own embedded Ray, as a researcher runs them; a finished study's resumes run the command in
+this process.
 """
 
 from __future__ import annotations
@@ -111,7 +112,17 @@ def test_a_time_budget_keeps_the_trials_it_stops_and_a_resume_with_more_time_con
     assert not history.duplicated(["trial_id", "epoch"]).any()
 
 
-def test_a_finished_study_resumes_only_with_more_samples(tmp_path: Path, synthetic_lastfm_file: Path) -> None:
+def test_a_finished_study_resumes_only_with_more_samples(tmp_path: Path, synthetic_lastfm_file: Path,
+                                                         monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    """The command's own main() four times on one Ray started here: what a resume refuses or replays is the
+    driver's logic, and each session in a fresh process with its own Ray (the test above) would add a Ray start and
+    the imports three times over."""
+    import ray
+
+    from study import sweep
+    from study.cluster import start_ray
+
     out = tmp_path / "out"
     study = tmp_path / "samples.yaml"
     study.write_text(textwrap.dedent(f"""
@@ -125,19 +136,27 @@ def test_a_finished_study_resumes_only_with_more_samples(tmp_path: Path, synthet
         scheduler: none
         storage: {out}
         """).lstrip())
-    env = {**os.environ, "SEQREC_DATA": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "study.sweep", str(study), "--num-cpus", "2", "--quiet"]
-    first = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert first.returncode == 0, first.stderr[-3000:]
-    again = subprocess.run(command + ["--resume"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    assert again.returncode == 0 and "has run all its budget.num_samples=1 trials" in again.stdout, again.stderr
-    assert "1 trials: 1 ok" in again.stdout  # replayed, not trained again
-    changed = subprocess.run(command + ["--resume", "--set", "budget.max_epochs=2"], cwd=REPO, env=env,
-                             capture_output=True, text=True, timeout=120)
-    assert changed.returncode == 2 and "differs from this study in: budget" in changed.stderr, changed.stderr
-    more = subprocess.run(command + ["--resume", "--set", "budget.num_samples=2"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert more.returncode == 0, more.stderr[-3000:]
+    monkeypatch.setenv("SEQREC_DATA", str(tmp_path / "cache"))
+    command = [str(study), "--quiet"]
+
+    def run(*extra: str) -> tuple[int, str, str]:
+        code = sweep.main(command + list(extra))
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    start_ray("local", num_cpus=2, quiet=True)
+    try:
+        code, _, err = run()
+        assert code == 0, err[-3000:]
+        code, stdout, err = run("--resume")
+        assert code == 0 and "has run all its budget.num_samples=1 trials" in stdout, err
+        assert "1 trials: 1 ok" in stdout  # replayed, not trained again
+        code, _, err = run("--resume", "--set", "budget.max_epochs=2")
+        assert code == 2 and "differs from this study in: budget" in err, err
+        code, _, err = run("--resume", "--set", "budget.num_samples=2")
+        assert code == 0, err[-3000:]
+    finally:
+        ray.shutdown()
     trials = pd.read_parquet(out / "trials.parquet")
     assert len(trials) == 2 and (trials["status"] == "ok").all()
     assert "num_samples: 2" in (out / "study.yaml").read_text()

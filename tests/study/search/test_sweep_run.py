@@ -99,7 +99,10 @@ def test_kill_9_then_resume_elsewhere_loses_no_finished_trial(tmp_path: Path, sy
 def test_a_grid_stopped_under_its_trials_resumes_each_point_once(tmp_path: Path, synthetic_lastfm_file: Path,
                                                                  kill_session) -> None:
     """A trial whose worker dies (as when the study is stopped with SIGTERM) trains again on --resume, and the
-    grid runs every point once: before, the trial was replayed as failed and another point ran twice."""
+    grid runs every point once: before, the trial was replayed as failed and another point ran twice.
+
+    Six epochs: its worker is killed within a poll (0.1 s) of its first epoch's report, five epochs before it could
+    end; the resume then trains the three points in full, one at a time, so every epoch more is three on the clock."""
     out = tmp_path / "out"
     study = write_study(tmp_path / "grid.yaml", f"""
         name: grid-resume
@@ -108,7 +111,7 @@ def test_a_grid_stopped_under_its_trials_resumes_each_point_once(tmp_path: Path,
         fixed: {TINY_MODEL}, measure_efficiency: false, patience: 0}}
         search:
           seed: {{grid: [1, 2, 3]}}
-        budget: {{num_samples: 3, max_epochs: 25}}
+        budget: {{num_samples: 3, max_epochs: 6}}
         scheduler: none
         sampler: grid
         resources: {{cpu: 1, max_concurrent: 1}}
