@@ -162,6 +162,11 @@ class SeqRecModel(nn.Module):
     # Models that read the user id (FPMC's user-item term) set this; the trainer, the objectives and the evaluator
     # then pass ``users`` (B,) long to them, and only to them, so every other model keeps the items-only contract.
     needs_users: ClassVar[bool] = False
+    # Whether the trainer's `auto` windows cover each user's whole history for this model under the objectives that
+    # score every position (study.train.objectives.resolve_windows), rather than its newest window. A family gets
+    # them once its validation improved with them (benchmarks/defaults_search.py), and keeps the newest window
+    # until then.
+    whole_history_windows: ClassVar[bool] = False
 
     def __init__(self, config: ModelConfig):
         super().__init__()

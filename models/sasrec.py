@@ -46,6 +46,7 @@ class SASRec(SeqRecModel):
     config_class = SASRecConfig
     objectives = ("causal", "last", "bce")
     default_objective = "causal"
+    whole_history_windows = True  # chosen on validation by benchmarks/defaults_search.py
 
     def __init__(self, config: SASRecConfig):
         super().__init__(config)

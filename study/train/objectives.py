@@ -33,6 +33,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+import models
 from models import ConfigError, SeqRecModel
 from study.train.padding import hidden_by_length, last_hidden_by_length, length_groups, padding_columns, trim_padding
 
@@ -70,11 +71,12 @@ def resolve_windows(objective: str, window_step: int | None, window_targets: str
 
     The defaults (``None``): under ``cloze``, windows 0.1 x max_len apart (BERT4Rec's ``prop_sliding_window``)
     with ``all``, since a cloze window's targets are the random masked positions, none of which is newer than
-    another; under the objectives that score every position, windows max_len / 5 apart with ``new``, so each
-    target older than the newest window sees at least 0.8 x max_len items of context, and an epoch computes
-    about five windows per max_len items of history beyond the newest window. ``last`` trains on every prefix and
-    has no windows: a step or targets given with it are an error, as are ``new`` under cloze and a step past
-    max_len (it would skip items).
+    another; under the objectives that score every position, for a model whose family was validated on them
+    (``SeqRecModel.whole_history_windows``; else each user's newest window), windows max_len / 5 apart with
+    ``new``, so each target older than the newest window sees at least 0.8 x max_len items of context, and an
+    epoch computes about five windows per max_len items of history beyond the newest window. ``last`` trains on
+    every prefix and has no windows: a step or targets given with it are an error, as are ``new`` under cloze and
+    a step past max_len (it would skip items).
     """
     def refuse(key: str, why: str) -> ConfigError:
         return ConfigError([(key, f"{why}; this trial trains {model_name} with {objective!r}")])
@@ -86,8 +88,10 @@ def resolve_windows(objective: str, window_step: int | None, window_targets: str
         return 0, "all"
     if objective == "cloze" and window_targets == "new":
         raise refuse("window_targets", "cloze scores randomly masked positions, which no window order makes new")
-    if window_step is None:
-        window_step = max(1, max_len // 10) if objective == "cloze" else max(1, max_len // 5)
+    if window_step is None and objective == "cloze":
+        window_step = max(1, max_len // 10)
+    elif window_step is None:
+        window_step = max(1, max_len // 5) if models.model_class(model_name).whole_history_windows else 0
     if window_step > max_len:
         raise refuse("window_step", f"{window_step} is longer than the window (max_len {max_len}), so the windows "
                                     "would skip items")

@@ -54,19 +54,17 @@ def test_the_tracked_records_hold_only_the_compact_files() -> None:
         assert finished_seeds(folder) >= 1, folder
 
 
-NEWEST = {"window_step", "window_targets"}
 # Each model's campaign study that ran at its defaults, and where the defaults still differ from it, with why.
 DEFAULTS_RAN_AS = {
     "sasrec": ("sasrec-history", set()),
     "bert4rec": ("bert4rec-sliding-windows", set()),
     "cotten4rec": ("cotten4rec-sliding-windows", set()),
     "elastic": ("elastic", set()),
-    # these studies ran on each user's newest window, before whole-history windows became the default
-    "gru4rec": ("gru4rec", NEWEST),
-    "fpmc": ("fpmc", NEWEST),
-    "hstu": ("hstu", NEWEST),
-    # and with the per-matrix init; the default is the authors' (lisa-base-authors)
-    "lisa": ("lisa-base", NEWEST | {"init"}),
+    "gru4rec": ("gru4rec", set()),
+    "fpmc": ("fpmc", set()),
+    "hstu": ("hstu", set()),
+    # the per-matrix init; the default is the authors' (lisa-base-authors)
+    "lisa": ("lisa-base", {"init"}),
     # the causal form, which trains with the causal CE at a fraction of the cost of the paper's bidirectional form
     # (the default), which trains with `last`
     "linrec": ("linrec", {"causal", "objective"}),
