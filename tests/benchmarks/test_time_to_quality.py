@@ -1,0 +1,26 @@
+"""The time-to-quality benchmark's target comes from the campaign's committed records, and its clock stops at the
+first epoch whose reported test figure reaches it."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+
+from benchmarks.time_to_quality import RECORDS, WAYS, Progress, campaign_reference
+
+
+def test_the_target_is_the_campaigns_sasrec_last_mean() -> None:
+    rows = pd.read_parquet(RECORDS / "repro-ml100k-sasrec-last" / "trials.parquet")
+    assert campaign_reference("ml-100k") == pytest.approx(rows["test_ndcg@10"].mean())
+    with pytest.raises(SystemExit, match="give --reference"):
+        campaign_reference("no-such-dataset")
+
+
+def test_the_clock_stops_at_the_first_epoch_that_reaches_the_target() -> None:
+    progress = Progress()
+    for wall, test in [(10.0, 0.03), (20.0, 0.061), (30.0, 0.05), (40.0, 0.07)]:
+        progress(SimpleNamespace(wall_time_s=wall, best_test={"ndcg@10": test}))
+    assert progress.reached(0.06) == 20.0 and progress.reached(0.08) is None
+    assert WAYS["newest"] == {"window_step": 0} and WAYS["last"] == {"objective": "last"}
