@@ -53,6 +53,8 @@ RENAMED: dict[str, str] = {"cloze_window_step": "window_step"}
 def renamed_hint(key: str) -> str:
     """``"; renamed to NEW"`` for a key that was renamed (for an unknown-key message), else ``""``."""
     return f"; renamed to {RENAMED[key]}" if key in RENAMED else ""
+
+
 SCOPES = ("model", "trainer", "all")
 
 

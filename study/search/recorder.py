@@ -51,7 +51,7 @@ from study.search.records import (
 )
 from study.storage import Mirror
 from study.train.config import TrainConfig, split_settings
-from study.train.objectives import resolve_windows
+from study.train.objectives import resolve_auto_settings
 from study.train.padding import trims_padding
 from study.train.results import json_safe, protocol_of
 from study.train.settings import resolve_patience
@@ -108,10 +108,7 @@ def build_row(context: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]
         if last.get("objective"):  # and the windows for its objective and window length
             max_len = {**context["model_defaults"], **hparams}.get(
                 "max_len", models.model_class(context["model"]).config_class.max_len)
-            window_step, window_targets = resolve_windows(last["objective"], train_cfg.window_step,
-                                                          train_cfg.window_targets, max_len, context["model"])
-            train_cfg = replace(train_cfg, window_step=window_step, window_targets=window_targets,
-                                patience=resolve_patience(last["objective"], train_cfg.patience))
+            train_cfg = resolve_auto_settings(train_cfg, last["objective"], max_len, context["model"])
         config = {**context["model_defaults"], **hparams, **train_cfg.__dict__}
     except Exception:  # a trial can fail on its config; its row still records what was asked for
         train_cfg, config = TrainConfig(), dict(settings)

@@ -22,7 +22,7 @@ import resource
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict
 
 import numpy as np
 import torch
@@ -31,7 +31,7 @@ from models import SeqRecModel
 from study.train import energy
 from study.train.batches import epoch_windows, user_batches
 from study.train.config import TrainConfig
-from study.train.objectives import resolve_objective, resolve_windows
+from study.train.objectives import resolve_auto_settings, resolve_objective
 from study.train.padding import trim_padding, trims_padding
 from study.train.trial_data import TrialData
 
@@ -209,9 +209,7 @@ def efficiency_figures(model_name: str, model_hparams: dict, train_cfg: TrainCon
     ``counter``, inference energy per 1,000 users (NaN without one)."""
     windows = user_batches(data.train, train_cfg.batch_size, np.random.default_rng(0))
     objective = resolve_objective(model, train_cfg.objective)
-    window_step, window_targets = resolve_windows(objective, train_cfg.window_step, train_cfg.window_targets,
-                                                  model.config.max_len, model_name)
-    train_cfg = replace(train_cfg, window_step=window_step, window_targets=window_targets)
+    train_cfg = resolve_auto_settings(train_cfg, objective, model.config.max_len, model_name)
     settings = {**asdict(train_cfg), "objective": objective}
     # the memory of a full first batch: scoring fewer targets of a window does not shrink its activations
     batch, users, _ = next(epoch_windows(data, windows, objective, train_cfg, np.random.default_rng(0)))

@@ -26,6 +26,7 @@ the same distribution, so grouped and ungrouped runs are twins only without drop
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -36,6 +37,7 @@ import torch.nn.functional as F
 import models
 from models import ConfigError, SeqRecModel
 from study.train.padding import hidden_by_length, last_hidden_by_length, length_groups, padding_columns, trim_padding
+from study.train.settings import TrainConfig, resolve_patience
 
 # objectives that score every position of a window, so they need a causal model
 CAUSAL_OBJECTIVES = ("causal", "sampled_ce")
@@ -98,6 +100,16 @@ def resolve_windows(objective: str, window_step: int | None, window_targets: str
     if window_step == 0:
         return 0, "all"
     return window_step, window_targets or ("all" if objective == "cloze" else "new")
+
+
+def resolve_auto_settings(train: TrainConfig, objective: str, max_len: int, model_name: str) -> TrainConfig:
+    """``train`` with its objective-dependent `auto` settings resolved for ``objective`` (already resolved): the
+    windows (:func:`resolve_windows`) and the patience (:func:`~study.train.settings.resolve_patience`). The
+    training step, the memory probe and the recorder's rows all resolve them here, so they agree."""
+    window_step, window_targets = resolve_windows(objective, train.window_step, train.window_targets, max_len,
+                                                  model_name)
+    return dataclasses.replace(train, window_step=window_step, window_targets=window_targets,
+                               patience=resolve_patience(objective, train.patience))
 
 
 def trains_on_histories(objective: str, window_step: int) -> bool:

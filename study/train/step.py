@@ -15,9 +15,8 @@ import torch
 import models
 from models import ConfigError, SeqRecModel
 from study.train.config import PRECISIONS, TrainConfig, asks_for_cuda_graphs, cuda_graph_conflict
-from study.train.objectives import NegativeSampler, objective_loss, resolve_objective, resolve_windows
+from study.train.objectives import NegativeSampler, objective_loss, resolve_auto_settings, resolve_objective
 from study.train.padding import trims_padding
-from study.train.settings import resolve_patience
 
 
 class NonFiniteLoss(FloatingPointError):
@@ -57,11 +56,9 @@ class TrainStep:
         if conflict:
             raise ConfigError([("compile_mode", conflict)])
         # the settings this step runs with, `auto` ones resolved (the trainer records these)
-        window_step, window_targets = resolve_windows(self.objective, train.window_step, train.window_targets,
-                                                      model.config.max_len, model.name)
-        self.train = dataclasses.replace(train, trim_padding=trims_padding(train.trim_padding, device, train.compile),
-                                         window_step=window_step, window_targets=window_targets,
-                                         patience=resolve_patience(self.objective, train.patience))
+        self.train = dataclasses.replace(
+            resolve_auto_settings(train, self.objective, model.config.max_len, model.name),
+            trim_padding=trims_padding(train.trim_padding, device, train.compile))
         self.optimizer = torch.optim.Adam(model.parameters(), lr=train.lr, betas=(0.9, train.adam_beta2),
                                           weight_decay=train.weight_decay)
         # the cloze mask and the negatives draw from their own generator, so batches do not shift the model's RNG
