@@ -389,15 +389,21 @@ class SweepRecorder(Callback):
         self._record(trial, STATUS_FAILED, _error_message(trial))
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
-        if self.clock is not None and self.clock.spent:
-            # the time budget ended the study under these trials (study.search.budget): each one's last report
-            # holds its best epoch so far, which is a result; a --resume given more time continues them
-            for trial in trials:
-                if trial.trial_id in self.last:
-                    self._record(trial, STATUS_OK, "")
+        try:
+            if self.clock is not None and self.clock.spent:
+                # the time budget ended the study under these trials (study.search.budget): each one's last
+                # report holds its best epoch so far, which is a result; a --resume given more time continues them
+                for trial in trials:
+                    if trial.trial_id in self.last:
+                        self._record(trial, STATUS_OK, "")
+        finally:  # a record that fails to write must not leave the table thread running in the driver
+            self.close()
+
+    def close(self) -> None:
+        """Wait for the last table rewrite and end its thread: the tables are complete when this returns."""
         if getattr(self, "_writer", None) is not None:
-            self._writer.close()  # the tables are complete before Tuner.fit() returns
-            self._writer = None
+            writer, self._writer = self._writer, None
+            writer.close()
 
     def _record(self, trial: Any, status: str, error: str) -> None:
         last = self.last.pop(trial.trial_id, None) or {}

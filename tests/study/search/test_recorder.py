@@ -42,7 +42,10 @@ def test_records_at_once_tables_complete_at_the_end_and_each_row_built_once(tmp_
     monkeypatch.setattr(recorder_module, "build_row", lambda context, record: built.append(record["trial_id"])
                         or build_row(context, record))
     recorder = _recorder(tmp_path)
+    before = set(threading.enumerate())
     recorder.setup()
+    started = {thread for thread in set(threading.enumerate()) - before if thread.name == "sweep-tables"}
+    assert len(started) == 1  # the table writer's own thread
     for number in range(3):
         _finish(recorder, f"t{number}", started=100.0 + number)
         assert set(read_records(tmp_path / "trials")) == {f"t{n}" for n in range(number + 1)}  # durable already
@@ -54,7 +57,29 @@ def test_records_at_once_tables_complete_at_the_end_and_each_row_built_once(tmp_
     assert len(pd.read_parquet(tmp_path / "history.parquet")) == 6
     assert pd.read_csv(tmp_path / "trials.csv")["trial_id"].tolist() == ["t0", "t1", "t2"]
     assert sorted(built) == ["t0", "t1", "t2"]  # not once per rewrite: that made a long sweep quadratic
-    assert not any(thread.name == "sweep-tables" for thread in threading.enumerate())
+    assert not any(thread.is_alive() for thread in started)  # ended with the experiment, not left running
+
+
+def test_a_record_that_fails_at_the_budgets_end_still_ends_the_table_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The time budget records the trials it stopped in on_experiment_end; if that write fails (a full disk), the
+    error reaches Tune and the table thread still ends, so a driver that goes on (a notebook, a test) keeps none."""
+    recorder = _recorder(tmp_path)
+    recorder.clock = SimpleNamespace(spent=True)
+    before = set(threading.enumerate())
+    recorder.setup()
+    started = [thread for thread in set(threading.enumerate()) - before if thread.name == "sweep-tables"]
+    trial = SimpleNamespace(trial_id="t0", config={"lr": 0.01})
+    recorder.on_trial_result(1, [], trial, {"epoch": 1, "best_epoch": 1, "train_loss": 1.0,
+                                            "best_valid_ndcg@10": 0.1, "done": False})
+
+    def disk_full(records_dir: Path, record: dict) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(recorder_module, "write_record", disk_full)
+    with pytest.raises(OSError, match="disk full"):
+        recorder.on_experiment_end(trials=[trial])
+    assert started and not any(thread.is_alive() for thread in started)
 
 
 def test_a_resumed_recorder_keeps_the_earlier_records_in_its_tables(tmp_path: Path) -> None:

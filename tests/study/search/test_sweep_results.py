@@ -79,6 +79,7 @@ def test_a_resumed_sweep_keeps_the_epochs_a_running_trial_reported_before_the_ki
     killed.setup()
     for epoch, ndcg in [(1, 0.01), (2, 0.02), (3, 0.03)]:
         report(killed, epoch, ndcg)
+    killed.close()  # its thread would have died with the killed driver
     partial = tmp_path / "trials" / "abc_00000.history.jsonl"
     with partial.open("a") as out:
         out.write('{"epoch": 4, "valid_nd')  # the kill cut the last line
@@ -92,3 +93,4 @@ def test_a_resumed_sweep_keeps_the_epochs_a_running_trial_reported_before_the_ki
     assert [(row["epoch"], row["valid_ndcg@10"]) for row in history] == [(1, 0.01), (2, 0.02), (3, 0.035),
                                                                           (4, 0.04)]
     assert "training_iteration" not in history[0]  # Tune's bookkeeping is not an epoch column
+    resumed.on_experiment_end([])
