@@ -4,6 +4,7 @@ files in ../shared/datasets for the few tests whose point is real data (they ski
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,12 @@ REPO = Path(__file__).resolve().parents[1]
 # interpreted kernel would fail. An explicit TRITON_INTERPRET in the environment wins.
 if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
+# pytest-xdist runs two test processes at once (pyproject's addopts). Each keeps its Rays in a temp folder of its
+# own: ray.init() without an address joins the cluster whose address a test's `Cluster` wrote to the temp folder,
+# so with one shared folder a test in one process could land on the other's two-node cluster.
+if "PYTEST_XDIST_WORKER" in os.environ and "RAY_TMPDIR" not in os.environ:
+    os.environ["RAY_TMPDIR"] = os.path.join(tempfile.gettempdir(), f"ray-{os.environ['PYTEST_XDIST_WORKER']}")
+    os.makedirs(os.environ["RAY_TMPDIR"], exist_ok=True)
 SHARED_DATASETS = REPO.parent / "shared" / "datasets"
 
 
