@@ -118,7 +118,7 @@ def test_storage_suite_passes_with_the_monotonic_clock_near_zero(tmp_path: Path)
     uptime = int(float(Path("/proc/uptime").read_text().split()[0]))
     done = subprocess.run(
         ["unshare", "--time", f"--monotonic=-{max(uptime - 5, 0)}", sys.executable, "-m", "pytest", "-q",
-         "-p", "no:cacheprovider", str(Path(__file__)), "-k", "not monotonic_clock_near_zero and not sweep"],
+         "-p", "no:cacheprovider", "-n", "0", str(Path(__file__)), "-k", "not monotonic_clock_near_zero and not sweep"],
         cwd=REPO, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert " passed" in done.stdout and " failed" not in done.stdout
