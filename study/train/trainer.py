@@ -41,6 +41,7 @@ from study.train.config import (
     split_settings,
 )
 from study.train.cost import epoch_cost
+from study.train.ctrl_c import noting_ctrl_c
 from study.train.metrics import NonFiniteScores, evaluate, popularity_metrics, sample_negatives
 from study.train.objectives import trains_on_histories
 from study.train.results import make_result, to_json_line
@@ -268,20 +269,24 @@ class _Trial:
         returns whether Ctrl-C ended them.
 
         Ctrl-C is caught only with ``progress`` (a person at the terminal; inside a sweep Ray owns the signal): the
-        epoch it lands in is dropped and the finished ones make the result. With none finished it goes on up.
+        epoch it lands in is dropped and the finished ones make the result (one that a destructor swallowed ends the
+        run after that epoch, which then counts). With none finished it goes on up.
         """
         bar, steps_per_epoch = self._progress(progress)
         interrupted = False
         finished = replace(self.best)  # as of the last full epoch
         try:
-            for epoch in range(self.epochs_run + 1, self.train_cfg.max_epochs + 1):
-                report = self._epoch(epoch, bar, steps_per_epoch)
-                finished = replace(self.best)
-                self._show(bar, report, steps_per_epoch)
-                if callback is not None:
-                    callback(report)
-                if self._should_stop():
-                    break
+            with noting_ctrl_c(active=progress) as pressed:
+                for epoch in range(self.epochs_run + 1, self.train_cfg.max_epochs + 1):
+                    report = self._epoch(epoch, bar, steps_per_epoch)
+                    finished = replace(self.best)
+                    self._show(bar, report, steps_per_epoch)
+                    if callback is not None:
+                        callback(report)
+                    if pressed.is_set():  # its KeyboardInterrupt was swallowed (study.train.ctrl_c): stop here
+                        raise KeyboardInterrupt
+                    if self._should_stop():
+                        break
         except KeyboardInterrupt:
             if not progress:  # inside a sweep, Ray owns the signal
                 raise
