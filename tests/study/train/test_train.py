@@ -293,7 +293,10 @@ def test_cli_says_the_cost_then_ctrl_c_keeps_the_finished_epochs(cli_env):
          "--set", "max_epochs=200", "--set", "max_len=20",
          "--set", "hidden_size=16", "--set", "num_heads=1", "--set", "measure_efficiency=false",
          "--set", "patience=0", "--set", "window_step=0"],  # one window per user: the count below
-        cwd=REPO, env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=REPO, env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # as from a terminal: a test run started in the background (`cmd &` in a script) ignores SIGINT, and a
+        # child inherits that, so its Ctrl-C would never arrive
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     errors: list[str] = []
     reader = threading.Thread(target=lambda: errors.extend(iter(lambda: process.stderr.read(1), "")), daemon=True)
     reader.start()
