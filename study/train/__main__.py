@@ -7,7 +7,7 @@ def _run() -> int:
     # the first line comes before torch is imported, which takes seconds on a busy machine (--help stays clean)
     if not {"-h", "--help"} & set(sys.argv[1:]):
         print("study.train: loading torch, then preparing the dataset and training", file=sys.stderr, flush=True)
-    from study.train.trainer import main
+    from study.train.cli import main
 
     return main()
 

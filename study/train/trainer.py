@@ -1,6 +1,6 @@
 """The one trainer: fit a registry model on a prepared dataset, evaluate, and record one result row.
 
-    python -m study.train --model sasrec --dataset ml-100k [--source PATH] [--set key=value ...]
+    python -m study.train --model sasrec --dataset ml-100k [--source PATH] [--set key=value ...]   (study.train.cli)
 
 Flow: prepared dataset → :class:`TrialData` (numpy windows cropped to the model's ``max_len``) → epochs of the
 chosen objective → validation metrics each epoch → early stopping on ``selection_metric`` (NDCG@10 by default). Test
@@ -13,7 +13,6 @@ and the epoch's batches are :mod:`study.train.batches`'; this module re-exports 
 
 from __future__ import annotations
 
-import argparse
 import copy
 import random
 import sys
@@ -29,28 +28,23 @@ import torch
 
 import kernels
 import models
-from models import ConfigError
-from study.errors import UserError, print_error
+from study.errors import UserError
 from study.train import efficiency, energy
 from study.train.batches import batch_user_ids, epoch_windows, user_batches
 from study.train.config import (
     SELECTION_METRIC,
     TrainConfig,
-    parse_assignments,
-    read_settings_file,
     split_settings,
 )
 from study.train.cost import epoch_cost
 from study.train.ctrl_c import noting_ctrl_c
 from study.train.metrics import NonFiniteScores, evaluate, popularity_metrics, sample_negatives
 from study.train.objectives import trains_on_histories
-from study.train.results import make_result, to_json_line
+from study.train.results import make_result
 from study.train.state import (
     TrainingState,
     capture_rng,
-    continuation,
     identity_changes,
-    load_state,
     model_identity,
     restore_rng,
 )
@@ -442,62 +436,3 @@ def _progress_bar(epochs: int, steps_per_epoch: int | None, description: str, en
         return tqdm(total=epochs * steps_per_epoch, desc=description, unit="step", disable=not enabled,
                     file=sys.stderr, leave=True, dynamic_ncols=True)
     return tqdm(total=epochs, desc=description, unit="epoch", disable=not enabled, file=sys.stderr, leave=True)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m study.train",
-        description="Train and evaluate one model on one dataset, without Ray. Ends with one JSON line on stdout.")
-    parser.add_argument("--model", help=f"one of: {', '.join(models.available())} (default sasrec)")
-    parser.add_argument("--dataset", help="a recipe name (python -m study.data list; default ml-100k)")
-    parser.add_argument("--source", help="local file, folder or zip for the recipe (offline machines)")
-    parser.add_argument("--kcore", type=int, help="override the recipe's k-core filter")
-    parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
-                        help="any trainer, protocol or model key, e.g. --set max_epochs=2 --set hidden_size=128")
-    parser.add_argument("--config", metavar="FILE",
-                        help="a YAML mapping of --set keys (e.g. an exported model's config.yaml); --set wins")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    parser.add_argument("--resume-from", metavar="DIR",
-                        help="continue the trial whose training state DIR holds (a sweep trial's checkpoint folder) "
-                             "with its model, settings and dataset; --set may change only when it stops, where it "
-                             "runs and what it measures, e.g. --set max_epochs=500")
-    args = parser.parse_args(argv)
-    try:
-        from study.data import prepare, prepared_copy
-
-        settings = {**(read_settings_file(args.config) if args.config else {}), **parse_assignments(args.settings)}
-        model_name, state = args.model or "sasrec", None
-        if args.resume_from:
-            state = load_state(args.resume_from)
-            model_name, settings, recorded = continuation(state, settings)
-            if args.model and args.model != model_name or args.dataset and args.dataset != recorded.get("name"):
-                raise UserError(f"{args.resume_from} holds a {model_name} trial on {recorded.get('name')}; "
-                                "leave out --model and --dataset")
-        train_cfg, model_hparams = split_settings(model_name, settings)
-        max_len = model_hparams.get("max_len", models.model_class(model_name).config_class.max_len)
-        # num_items (and num_users, for models that read them) come from the data: placeholders to validate the rest
-        placeholders = {"num_items": 1, "max_len": max_len}
-        if models.model_class(model_name).needs_users:
-            placeholders["num_users"] = model_hparams.get("num_users", 1)
-        models.make_config(model_name, **{**model_hparams, **placeholders})
-        if state is None:
-            path = prepare(args.dataset or "ml-100k", source=args.source, max_len=max_len, kcore=args.kcore,
-                           progress=not args.no_progress)
-        else:  # the dataset the trial trained on: its cached copy, or --source prepared again to the same hash
-            path = prepared_copy(recorded, max_len, source=args.source, kcore=recorded.get("kcore"),
-                                 progress=not args.no_progress)
-        result = run_trial(model_name, TrialData.from_prepared(path, max_len), settings,
-                           progress=not args.no_progress, resume_from=state)
-    except (UserError, ConfigError) as error:
-        return print_error(error)
-    except FloatingPointError as error:  # NonFiniteLoss / NonFiniteScores: the run diverged, not a bad input
-        print(f"error: the trial failed: {error}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted: no finished epoch to report", file=sys.stderr)
-        return 130
-    print(to_json_line(result))
-    if result["status"] == "interrupted":
-        return 130
-    return 0
-

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from study.errors import UserError
+from study.train.cli import main
 from study.train.config import TrainConfig
 from study.train.state import (
     STATE_FILE,
@@ -23,7 +24,7 @@ from study.train.state import (
     model_identity,
     save_state,
 )
-from study.train.trainer import TrialData, main, run_trial
+from study.train.trainer import TrialData, run_trial
 
 REPO = Path(__file__).resolve().parents[3]
 SETTINGS = {"max_epochs": 3, "batch_size": 256, "measure_efficiency": False, "num_threads": 1, "max_len": 20,
