@@ -1,8 +1,10 @@
-"""Which trainer defaults reach quality fastest on this machine: SASRec on ml-100k under a fixed wall budget.
+"""Which trainer defaults reach quality fastest on this machine: a zoo model on ml-100k under a fixed wall budget.
 
-    python -m benchmarks.defaults_search --source DIR_WITH_ml-100k.inter [--budget 60] [--threads 2] [--seeds 1]
+    python -m benchmarks.defaults_search --source DIR_WITH_ml-100k.inter [--model sasrec] [--budget 60]
+        [--threads 2] [--seeds 1] [--only CANDIDATE ...]
 
-Each candidate is the trainer's and the model's defaults with a few keys changed (``CANDIDATES``). It trains with
+Each candidate is the trainer's and ``--model``'s defaults (SASRec by default) with a few keys changed
+(``CANDIDATES``; the window candidates apply to every model, which is how a family's windows are chosen). It trains with
 ``run_trial`` (the code ``python -m study.train`` runs) on ``--threads`` threads, one candidate after the other,
 for ``--budget`` seconds of wall time (the epoch that crosses the budget is run but not counted). The table gives,
 per candidate (the median over ``--seeds`` seeds): the epochs that fit, the best **validation** NDCG@10 within the
@@ -22,6 +24,7 @@ from typing import Any
 
 import torch
 
+import models
 from benchmarks.speed import TARGET_NDCG, load_text, prepared_ml100k
 from study.train.trainer import EpochReport, TrialData, run_trial
 
@@ -47,6 +50,10 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "windows=10,all": {"max_len": 50, "window_step": 10, "window_targets": "all"},
     "windows=5,new": {"max_len": 50, "window_step": 5, "window_targets": "new"},
     "windows=25,new": {"max_len": 50, "window_step": 25, "window_targets": "new"},
+    # more optimizer steps an epoch over the whole-history windows (`last` makes ~10x as many as they do)
+    "windows=10,new,batch=32": {"max_len": 50, "window_step": 10, "window_targets": "new", "batch_size": 32},
+    "windows=10,new,batch=64": {"max_len": 50, "window_step": 10, "window_targets": "new", "batch_size": 64},
+    "windows=10,new,lr=2e-3": {"max_len": 50, "window_step": 10, "window_targets": "new", "lr": 2e-3},
 }
 
 
@@ -66,10 +73,11 @@ class Run:
         return next((wall for wall, _, test in self.epochs if test >= TARGET_NDCG), None)
 
 
-def train(prepared: Path, overrides: dict[str, Any], threads: int, budget: float, seed: int) -> Run:
+def train(prepared: Path, overrides: dict[str, Any], threads: int, budget: float, seed: int,
+          model: str = "sasrec") -> Run:
     run = Run()
     data = TrialData.from_prepared(prepared, overrides["max_len"])  # windows cut to the candidate's length
-    run_trial("sasrec", data, {"num_threads": threads, "time_budget_s": budget, "measure_efficiency": False,
+    run_trial(model, data, {"num_threads": threads, "time_budget_s": budget, "measure_efficiency": False,
                                "seed": seed, **overrides}, callback=run)
     return run
 
@@ -77,6 +85,7 @@ def train(prepared: Path, overrides: dict[str, Any], threads: int, budget: float
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.defaults_search", description=__doc__.split("\n")[0])
     parser.add_argument("--source", help="ml-100k source (folder with ml-100k.inter or u.data); default: download")
+    parser.add_argument("--model", default="sasrec", choices=models.available())
     parser.add_argument("--budget", type=float, default=60.0, help="wall seconds of training per candidate")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seeds", type=int, default=1, help="seeds per candidate (0, 1, ...)")
@@ -86,11 +95,12 @@ def main(argv: list[str] | None = None) -> int:
     prepared = prepared_ml100k(args)
     data = TrialData.from_prepared(prepared, 200)
     torch.set_num_threads(args.threads)
-    print(f"ml-100k: {len(data.train)} users, {data.num_items} items; budget {args.budget:.0f} s on "
+    print(f"{args.model} on ml-100k: {len(data.train)} users, {data.num_items} items; budget {args.budget:.0f} s on "
           f"{args.threads} threads; {load_text()}", flush=True)
     rows = []
     for label in args.only or CANDIDATES:
-        runs = [train(prepared, CANDIDATES[label], args.threads, args.budget, seed) for seed in range(args.seeds)]
+        runs = [train(prepared, CANDIDATES[label], args.threads, args.budget, seed, args.model)
+                for seed in range(args.seeds)]
         counted = [run.within(args.budget) for run in runs]
         valid = statistics.median(epochs[-1][1] if epochs else 0.0 for epochs in counted)
         test = statistics.median(epochs[-1][2] if epochs else 0.0 for epochs in counted)

@@ -33,3 +33,16 @@ def test_time_to_quality_is_the_first_epoch_whose_test_figure_reaches_the_target
                                       (30.0, 0.06, TARGET_NDCG + 0.01)])
     assert run.time_to_quality() == 20.0
     assert defaults_search.Run(epochs=[(10.0, 0.03, 0.0)]).time_to_quality() is None
+
+
+def test_a_candidate_trains_the_named_model_on_the_windows_it_names(synthetic_lastfm_prepared: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, dict]] = []
+    run_trial = defaults_search.run_trial
+    monkeypatch.setattr(defaults_search, "run_trial",
+                        lambda model, data, settings, callback: calls.append((model, settings))
+                        or run_trial(model, data, settings, callback=callback))
+    overrides = {**defaults_search.CANDIDATES["windows=10,new"], "max_len": 12, "window_step": 4, "max_epochs": 2}
+    run = defaults_search.train(synthetic_lastfm_prepared, overrides, threads=1, budget=1e9, seed=0, model="gru4rec")
+    assert [model for model, _ in calls] == ["gru4rec"] and len(run.epochs) == 2
+    assert calls[0][1]["window_step"] == 4 and calls[0][1]["window_targets"] == "new"

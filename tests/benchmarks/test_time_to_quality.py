@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from benchmarks.time_to_quality import RECORDS, WAYS, Progress, campaign_reference
+from benchmarks.time_to_quality import RECORDS, WAYS, Progress, TargetReached, campaign_reference
 
 
 def test_the_target_is_the_campaigns_sasrec_last_mean() -> None:
@@ -24,3 +24,11 @@ def test_the_clock_stops_at_the_first_epoch_that_reaches_the_target() -> None:
         progress(SimpleNamespace(wall_time_s=wall, best_test={"ndcg@10": test}))
     assert progress.reached(0.06) == 20.0 and progress.reached(0.08) is None
     assert WAYS["newest"] == {"window_step": 0} and WAYS["last"] == {"objective": "last"}
+
+
+def test_until_target_ends_the_run_at_the_epoch_that_reaches_it() -> None:
+    progress = Progress(stop_at=0.06)
+    progress(SimpleNamespace(wall_time_s=10.0, best_test={"ndcg@10": 0.03}))
+    with pytest.raises(TargetReached):
+        progress(SimpleNamespace(wall_time_s=20.0, best_test={"ndcg@10": 0.061}))
+    assert progress.epochs == [(10.0, 0.03), (20.0, 0.061)] and progress.reached(0.06) == 20.0
