@@ -17,16 +17,17 @@ The target is 0.9 x ``--reference``: by default the mean test NDCG@10 of the rep
 the dataset, read from its committed records (``experiments/reproduction/runs/``); a dataset without such records
 needs ``--reference``. Each run trains until early stopping or ``--budget`` seconds; the table gives, per way, the
 median over seeds of the wall time at which the test NDCG@10 of the best-validation epoch (what ``study.train``
-would report if stopped there) first reaches the target, and of the final test NDCG@10. ``--until-target`` ends a
-run at that epoch instead (the time to the target is the same; the last column then reads where the run stopped), so
-that the slow ways cost only what the table measures. Seeds run one after the other
-on ``--threads`` threads, the ways interleaved within each seed so that a change of load hits all alike; the load
-average is printed with every run: on a shared machine every absolute time depends on it.
+would report if stopped there) first reaches the target (a seed that never reaches it counts as never), and of the
+final test NDCG@10. ``--until-target`` ends a run at that epoch instead (the time to the target is the same; the
+last column then reads where the run stopped), so that the slow ways cost only what the table measures. Seeds run
+one after the other on ``--threads`` threads, the ways interleaved within each seed so that a change of load hits
+all alike; the load average is printed with every run: on a shared machine every absolute time depends on it.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import tempfile
@@ -90,8 +91,11 @@ def train(prepared: Path, way: str, seed: int, threads: int, budget: float, stop
     return progress
 
 
-def median_or_none(values: list[float | None]) -> float | None:
-    return statistics.median(values) if values and all(v is not None for v in values) else None
+def median_time(reached: list[float | None]) -> float | None:
+    """The median over seeds of the time to the target, a seed that never reached it counting as never (so the
+    median exists when more than half of the seeds reached it); None when it does not."""
+    median = statistics.median(math.inf if wall is None else wall for wall in reached)
+    return None if math.isinf(median) else median
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|")
     for way in ways:
         reached = [run.reached(target) for run in runs[way]]
-        ttq = median_or_none(reached)
+        ttq = median_time(reached)
         final = statistics.median(run.epochs[-1][1] for run in runs[way])
         wall = statistics.median(run.epochs[-1][0] for run in runs[way])
         print(f"| {way} | {'-' if ttq is None else f'{ttq:.0f}'} | {sum(r is not None for r in reached)}/"

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from benchmarks.time_to_quality import RECORDS, WAYS, Progress, TargetReached, campaign_reference
+from benchmarks.time_to_quality import RECORDS, WAYS, Progress, TargetReached, campaign_reference, median_time
 
 
 def test_the_target_is_the_campaigns_sasrec_last_mean() -> None:
@@ -32,3 +32,9 @@ def test_until_target_ends_the_run_at_the_epoch_that_reaches_it() -> None:
     with pytest.raises(TargetReached):
         progress(SimpleNamespace(wall_time_s=20.0, best_test={"ndcg@10": 0.061}))
     assert progress.epochs == [(10.0, 0.03), (20.0, 0.061)] and progress.reached(0.06) == 20.0
+
+
+def test_a_seed_that_never_reaches_the_target_counts_as_never_in_the_median() -> None:
+    assert median_time([127.0, 124.0, None]) == 127.0
+    assert median_time([None, 500.0, None]) is None
+    assert median_time([None, 300.0]) is None and median_time([200.0, 300.0]) == 250.0
