@@ -1,7 +1,7 @@
 """Which trainer defaults reach quality fastest on this machine: a zoo model on ml-100k under a fixed wall budget.
 
     python -m benchmarks.defaults_search --source DIR_WITH_ml-100k.inter [--model sasrec] [--budget 60]
-        [--threads 2] [--seeds 1] [--only CANDIDATE ...]
+        [--threads 2] [--seeds 1] [--first-seed 0] [--only CANDIDATE ...]
 
 Each candidate is the trainer's and ``--model``'s defaults (SASRec by default) with a few keys changed
 (``CANDIDATES``; the window candidates apply to every model, which is how a family's windows are chosen). It trains with
@@ -89,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=60.0, help="wall seconds of training per candidate")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seeds", type=int, default=1, help="seeds per candidate (0, 1, ...)")
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="start the seeds here, to add seeds to a search already run")
     parser.add_argument("--only", nargs="*", choices=list(CANDIDATES), help="run these candidates only")
     args = parser.parse_args(argv)
     args.max_len = 200
@@ -100,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for label in args.only or CANDIDATES:
         runs = [train(prepared, CANDIDATES[label], args.threads, args.budget, seed, args.model)
-                for seed in range(args.seeds)]
+                for seed in range(args.first_seed, args.first_seed + args.seeds)]
         counted = [run.within(args.budget) for run in runs]
         valid = statistics.median(epochs[-1][1] if epochs else 0.0 for epochs in counted)
         test = statistics.median(epochs[-1][2] if epochs else 0.0 for epochs in counted)

@@ -10,7 +10,10 @@ state stays exactly 0 through the pads. Outputs at real items are therefore iden
 right-padded RecBole model, whatever the amount of padding.
 
 A recurrent network is causal by construction, so it trains with the ``causal`` objective (next-item
-CE at every position, the all-position form of RecBole's prefix CE); ``last`` and ``bce`` work too.
+CE at every position, the all-position form of RecBole's prefix CE); ``last`` and ``bce`` work too. By default it
+trains on windows over each user's whole history (``window_step``: ``max_len`` / 5 apart, each training item a
+target once an epoch), where RecBole trains on every prefix: both score every training item, and an older window
+starts its state from zero, as the newest one does at evaluation once a history is longer than ``max_len``.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class GRU4Rec(SeqRecModel):
     config_class = GRU4RecConfig
     objectives = ("causal", "last", "bce")
     default_objective = "causal"
+    whole_history_windows = True  # chosen on validation by benchmarks/defaults_search.py
 
     def __init__(self, config: GRU4RecConfig):
         super().__init__(config)

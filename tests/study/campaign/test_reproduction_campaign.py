@@ -60,7 +60,7 @@ DEFAULTS_RAN_AS = {
     "bert4rec": ("bert4rec-sliding-windows", set()),
     "cotten4rec": ("cotten4rec-sliding-windows", set()),
     "elastic": ("elastic", set()),
-    "gru4rec": ("gru4rec", set()),
+    "gru4rec": ("gru4rec-history", set()),
     "fpmc": ("fpmc", set()),
     "hstu": ("hstu", set()),
     # the per-matrix init; the default is the authors' (lisa-base-authors)
