@@ -122,9 +122,9 @@ def main(argv: list[str] | None = None) -> int:
           f"at most {args.budget:.0f} s a run{', ended at the target' if args.until_target else ''}; {load_text()}",
           flush=True)
     runs: dict[str, list[Progress]] = {way: [] for way in ways}
+    stop_at = target if args.until_target else None
     for seed in range(1, args.seeds + 1):
         for way in ways:
-            stop_at = target if args.until_target else None
             progress = train(prepared, way, seed, args.threads, args.budget, stop_at)
             runs[way].append(progress)
             reached = progress.reached(target)
