@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.model and args.model != model_name or args.dataset and args.dataset != recorded.get("name"):
                 raise UserError(f"{args.resume_from} holds a {model_name} trial on {recorded.get('name')}; "
                                 "leave out --model and --dataset")
-        train_cfg, model_hparams = split_settings(model_name, settings)
+        _, model_hparams = split_settings(model_name, settings)  # also checks the trainer's keys
         max_len = model_hparams.get("max_len", models.model_class(model_name).config_class.max_len)
         # num_items (and num_users, for models that read them) come from the data: placeholders to validate the rest
         placeholders = {"num_items": 1, "max_len": max_len}
@@ -73,4 +73,3 @@ def main(argv: list[str] | None = None) -> int:
     if result["status"] == "interrupted":
         return 130
     return 0
-
