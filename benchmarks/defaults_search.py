@@ -104,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
         runs = [train(prepared, CANDIDATES[label], args.threads, args.budget, seed, args.model)
                 for seed in range(args.first_seed, args.first_seed + args.seeds)]
         counted = [run.within(args.budget) for run in runs]
+        for seed, epochs in enumerate(counted, start=args.first_seed):  # per seed, to pair with a study's seeds
+            print(f"  {label} seed {seed}: {len(epochs)} epochs, best valid NDCG@10 "
+                  f"{epochs[-1][1] if epochs else 0.0:.4f}, its test {epochs[-1][2] if epochs else 0.0:.4f}",
+                  flush=True)
         valid = statistics.median(epochs[-1][1] if epochs else 0.0 for epochs in counted)
         test = statistics.median(epochs[-1][2] if epochs else 0.0 for epochs in counted)
         reached = [run.time_to_quality() for run in runs]
