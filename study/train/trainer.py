@@ -267,7 +267,7 @@ class _Trial:
         run after that epoch, which then counts). With none finished it goes on up.
         """
         bar, steps_per_epoch = self._progress(progress)
-        interrupted = False
+        interrupted, stop = False, ""
         finished = replace(self.best)  # as of the last full epoch
         try:
             with noting_ctrl_c(active=progress) as pressed:
@@ -279,8 +279,11 @@ class _Trial:
                         callback(report)
                     if pressed.is_set():  # its KeyboardInterrupt was swallowed (study.train.ctrl_c): stop here
                         raise KeyboardInterrupt
-                    if self._should_stop():
+                    stop = self._stop_reason()
+                    if stop:
                         break
+                else:
+                    stop = f"max_epochs ({self.train_cfg.max_epochs}) reached"
         except KeyboardInterrupt:
             if not progress:  # inside a sweep, Ray owns the signal
                 raise
@@ -293,6 +296,10 @@ class _Trial:
         if interrupted:
             print(f"interrupted during epoch {self.epochs_run + 1}: the result below is that of the {self.epochs_run} "
                   "finished epoch(s)", file=sys.stderr, flush=True)
+        elif progress and stop:  # a person watching is told why the bar stopped short
+            selection = self.train_cfg.selection_metric
+            print(f"stopped after epoch {self.epochs_run}: {stop}; the result is that of epoch {self.best.epoch} "
+                  f"(valid {selection} {self.best.valid.get(selection, 0.0):.4f})", file=sys.stderr, flush=True)
         return interrupted
 
     def _progress(self, progress: bool) -> tuple[Any, int | None]:
@@ -392,13 +399,15 @@ class _Trial:
                          selection: f"{report.valid[selection]:.4f}",
                          "best": f"{report.best_valid[selection]:.4f}@{report.best_epoch}"})
 
-    def _should_stop(self) -> bool:
-        """Whether to stop after this epoch: ``patience`` epochs without a gain, or the trial's ``time_budget_s``
-        spent (checked between epochs, so a started epoch always finishes)."""
+    def _stop_reason(self) -> str:
+        """Why to stop after this epoch, or "" to go on: ``patience`` epochs without a gain, or the trial's
+        ``time_budget_s`` spent (checked between epochs, so a started epoch always finishes)."""
         train_cfg = self.train_cfg
         if train_cfg.patience and self.best.epochs_without_gain >= train_cfg.patience:
-            return True
-        return bool(train_cfg.time_budget_s and time.perf_counter() - self.started >= train_cfg.time_budget_s)
+            return f"no gain in {train_cfg.selection_metric} for {train_cfg.patience} epochs (patience)"
+        if train_cfg.time_budget_s and time.perf_counter() - self.started >= train_cfg.time_budget_s:
+            return f"time budget of {train_cfg.time_budget_s:g} s spent"
+        return ""
 
     def result_row(self, interrupted: bool) -> dict:
         """The result: the best epoch's weights back in the model, its efficiency figures (measured only for a

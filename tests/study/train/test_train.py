@@ -67,6 +67,24 @@ def test_the_selection_metric_picks_the_best_epoch_and_drives_early_stopping(syn
     assert all(score <= scores[best] for score in scores[best + 1:])
 
 
+def test_a_watched_run_says_why_it_stopped(synthetic, capsys: pytest.CaptureFixture) -> None:
+    """Patience, the time budget or max_epochs: the bar alone would leave a person guessing why it stopped short."""
+    reports, newest = [], {**QUICK, "window_step": 0}  # the newest window: the cheapest epochs
+    result = run_trial("sasrec", synthetic, {**newest, "seed": 1}, progress=True)
+    assert capsys.readouterr().err.endswith(f"stopped after epoch 2: max_epochs (2) reached; the result is that of "
+                                            f"epoch {result['best_epoch']} (valid ndcg@10 "
+                                            f"{result['valid_ndcg@10']:.4f})\n")
+    run_trial("sasrec", synthetic, {**newest, "time_budget_s": 1e-3}, progress=True)
+    assert "stopped after epoch 1: time budget of 0.001 s spent; the result is that of epoch 1" in \
+        capsys.readouterr().err
+    run_trial("sasrec", synthetic, {**newest, "max_epochs": 30, "seed": 5, "lr": 0.05, "patience": 1},
+              callback=reports.append, progress=True)
+    assert len(reports) < 30 and reports[-1].best_epoch == len(reports) - 1
+    assert f"stopped after epoch {len(reports)}: no gain in ndcg@10 for 1 epochs (patience)" in capsys.readouterr().err
+    run_trial("sasrec", synthetic, {**newest, "max_epochs": 1})
+    assert "stopped" not in capsys.readouterr().err  # inside a sweep the console reports each trial's end
+
+
 def test_result_records_protocol_and_efficiency(synthetic):
     result = run_trial("sasrec", synthetic, {**QUICK, "max_epochs": 1, "measure_efficiency": True,
                                           "eval_mode": "sampled", "num_negatives": 50})
