@@ -17,6 +17,8 @@ Choices the paper leaves open, or that differ from it:
   the window length, so cost figures are unchanged.
 - Loss: the paper's S-BPR is replaced by the house objectives; the default ``causal`` is softmax CE over all items
   for every transition of a user's window (``bce`` is the closest to S-BPR: one sampled negative per transition).
+  The windows cover each user's whole history (``window_step``: ``max_len`` / 5 apart, each training transition a
+  target once an epoch), as the paper trains on every transition, rather than only each user's newest window.
 - Init: Xavier-normal factor tables, as RecBole's FPMC (the paper draws from N(0, 0.01)); no regularisation
   beyond the trainer's weight decay. d = 64 is RecBole's default.
 - No dropout: FPMC has none.
@@ -45,6 +47,7 @@ class FPMC(SeqRecModel):
     objectives = ("causal", "last", "bce")
     default_objective = "causal"
     needs_users = True
+    whole_history_windows = True  # chosen on validation by benchmarks/defaults_search.py
 
     def __init__(self, config: FPMCConfig):
         super().__init__(config)

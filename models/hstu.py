@@ -18,6 +18,8 @@ Choices the paper leaves open, taken from its reference implementation (``genera
 - Causal: position t sees items ≤ t. Trained by default with the house ``causal`` objective (full softmax CE at
   every position) rather than the reference's sampled softmax over 128 negatives with L2-normalised embeddings
   and temperature 0.05; the output head is tied to the item embedding and the final states are not normalised.
+  It trains on windows over each user's whole history (``window_step``: ``max_len`` / 5 apart, each training item
+  a target once an epoch) rather than on each user's newest window.
 
 Defaults are sized for MovieLens-100K on a laptop CPU: d = 64, 2 layers, 1 head, dqk = dv = 64, dropout 0.2.
 The reference configuration for ML-1M (search_spaces/paper/hstu-ml1m.yaml) is d = 50, 2 blocks, 1 head,
@@ -100,6 +102,7 @@ class HSTU(SeqRecModel):
     config_class = HSTUConfig
     objectives = ("causal", "last", "bce")
     default_objective = "causal"
+    whole_history_windows = True  # chosen on validation by benchmarks/defaults_search.py
 
     def __init__(self, config: HSTUConfig):
         super().__init__(config)

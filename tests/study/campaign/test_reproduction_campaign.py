@@ -33,7 +33,8 @@ def test_the_campaign_file_loads_and_each_ablation_table_is_headed_by_its_full_m
     ("bert4rec", "bert4rec-sliding-windows", {"window_step": 5, "output_bias": True}),
     ("cotten4rec", "cotten4rec-sliding-windows", {"window_step": 5}),
     # today's default windows
-    ("sasrec", "sasrec-history", {"window_step": 10, "window_targets": "new"})])
+    *[(family, f"{family}-history", {"window_step": 10, "window_targets": "new"})
+      for family in ("sasrec", "gru4rec", "hstu", "fpmc")]])
 def test_an_ablation_differs_from_its_full_model_by_the_keys_it_names(main_study: str, ablation: str,
                                                                      changes: dict[str, object]) -> None:
     main, _ = read_yaml(HOME / "studies" / f"{main_study}.yaml")
@@ -61,8 +62,8 @@ DEFAULTS_RAN_AS = {
     "cotten4rec": ("cotten4rec-sliding-windows", set()),
     "elastic": ("elastic", set()),
     "gru4rec": ("gru4rec-history", set()),
-    "fpmc": ("fpmc", set()),
-    "hstu": ("hstu", set()),
+    "fpmc": ("fpmc-history", set()),
+    "hstu": ("hstu-history", set()),
     # the per-matrix init; the default is the authors' (lisa-base-authors)
     "lisa": ("lisa-base", {"init"}),
     # the causal form, which trains with the causal CE at a fraction of the cost of the paper's bidirectional form

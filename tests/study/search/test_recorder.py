@@ -171,7 +171,8 @@ def test_a_row_records_the_trimming_that_ran_on_its_device(device: str | None, t
 @pytest.mark.parametrize(("model", "objective", "settings", "windows"), [
     ("bert4rec", "cloze", {}, (5, "all")), ("bert4rec", "cloze", {"max_len": 200}, (20, "all")),
     ("bert4rec", "cloze", {"window_step": 0}, (0, "all")), ("sasrec", "causal", {}, (10, "new")),
-    ("gru4rec", "causal", {}, (10, "new")), ("hstu", "causal", {}, (0, "all")),
+    ("gru4rec", "causal", {}, (10, "new")), ("hstu", "causal", {}, (10, "new")),
+    ("lisa", "bce", {}, (0, "all")),
     ("sasrec", "last", {}, (0, "all")), ("bert4rec", None, {}, (None, None))])
 def test_a_row_records_the_windows_that_ran(model: str, objective: str | None, settings: dict,
                                             windows: tuple) -> None:

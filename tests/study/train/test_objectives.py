@@ -101,8 +101,9 @@ def test_window_settings_resolve_per_objective_and_refuse_what_they_cannot_mean(
     assert resolve_windows("causal", None, None, 50, "sasrec") == (10, "new")  # max_len / 5, new targets
     assert resolve_windows("bce", None, None, 50, "sasrec") == (10, "new")
     # a family not validated on whole-history windows keeps each user's newest window
-    assert resolve_windows("causal", None, None, 50, "hstu") == (0, "all")
-    assert resolve_windows("causal", None, None, 50, "gru4rec") == (10, "new")  # validated on them too
+    assert resolve_windows("causal", None, None, 50, "lisa") == (0, "all")
+    for validated_too in ("gru4rec", "hstu", "fpmc"):
+        assert resolve_windows("causal", None, None, 50, validated_too) == (10, "new")
     assert resolve_windows("bce", None, None, 50, "lisa") == (0, "all")
     assert resolve_windows("bce", 10, None, 50, "lisa") == (10, "new")
     assert resolve_windows("cloze", None, None, 50, "bert4rec") == (5, "all")  # BERT4Rec's 0.1 x max_len
