@@ -14,6 +14,7 @@ and the epoch's batches are :mod:`study.train.batches`'; this module re-exports 
 from __future__ import annotations
 
 import copy
+import math
 import random
 import sys
 import time
@@ -309,7 +310,12 @@ class _Trial:
         steps_per_epoch = None
         if progress:
             cost = epoch_cost(self.step, self.data, self.train_cfg, self.device)
-            print(cost.line(self.train_cfg.max_epochs), file=sys.stderr, flush=True)
+            line, budget = cost.line(self.train_cfg.max_epochs), self.train_cfg.time_budget_s
+            # the bar counts up to max_epochs: say where a shorter budget will cut it (the epoch crossing it finishes)
+            fit = math.ceil(budget / cost.epoch_s) if budget and cost.epoch_s > 0 else self.train_cfg.max_epochs
+            if fit < self.train_cfg.max_epochs:
+                line += f"\n  the time budget of {budget:g} s ends training after about {max(fit, 1)} epoch(s)"
+            print(line, file=sys.stderr, flush=True)
             steps_per_epoch = cost.steps
         bar = _progress_bar(self.train_cfg.max_epochs, steps_per_epoch, self.model_name, progress)
         bar.update(self.epochs_run * (steps_per_epoch or 1))

@@ -71,12 +71,16 @@ def test_a_watched_run_says_why_it_stopped(synthetic, capsys: pytest.CaptureFixt
     """Patience, the time budget or max_epochs: the bar alone would leave a person guessing why it stopped short."""
     reports, newest = [], {**QUICK, "window_step": 0}  # the newest window: the cheapest epochs
     result = run_trial("sasrec", synthetic, {**newest, "seed": 1}, progress=True)
-    assert capsys.readouterr().err.endswith(f"stopped after epoch 2: max_epochs (2) reached; the result is that of "
-                                            f"epoch {result['best_epoch']} (valid ndcg@10 "
-                                            f"{result['valid_ndcg@10']:.4f})\n")
+    stderr = capsys.readouterr().err
+    assert "time budget" not in stderr  # none was set
+    assert stderr.endswith(f"stopped after epoch 2: max_epochs (2) reached; the result is that of epoch "
+                           f"{result['best_epoch']} (valid ndcg@10 {result['valid_ndcg@10']:.4f})\n")
     run_trial("sasrec", synthetic, {**newest, "time_budget_s": 1e-3}, progress=True)
-    assert "stopped after epoch 1: time budget of 0.001 s spent; the result is that of epoch 1" in \
-        capsys.readouterr().err
+    stderr = capsys.readouterr().err
+    assert "the time budget of 0.001 s ends training after about 1 epoch(s)" in stderr  # said before it starts
+    assert "stopped after epoch 1: time budget of 0.001 s spent; the result is that of epoch 1" in stderr
+    run_trial("sasrec", synthetic, {**newest, "max_epochs": 1, "time_budget_s": 1e6}, progress=True)
+    assert "ends training after" not in capsys.readouterr().err  # max_epochs ends it first
     run_trial("sasrec", synthetic, {**newest, "max_epochs": 30, "seed": 5, "lr": 0.05, "patience": 1},
               callback=reports.append, progress=True)
     assert len(reports) < 30 and reports[-1].best_epoch == len(reports) - 1
