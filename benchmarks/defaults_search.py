@@ -104,12 +104,13 @@ def main(argv: list[str] | None = None) -> int:
         runs = [train(prepared, CANDIDATES[label], args.threads, args.budget, seed, args.model)
                 for seed in range(args.first_seed, args.first_seed + args.seeds)]
         counted = [run.within(args.budget) for run in runs]
-        for seed, epochs in enumerate(counted, start=args.first_seed):  # per seed, to pair with a study's seeds
-            print(f"  {label} seed {seed}: {len(epochs)} epochs, best valid NDCG@10 "
-                  f"{epochs[-1][1] if epochs else 0.0:.4f}, its test {epochs[-1][2] if epochs else 0.0:.4f}",
+        finals = [epochs[-1][1:] if epochs else (0.0, 0.0) for epochs in counted]  # (best valid, its test)
+        for seed, (epochs, (valid, test)) in enumerate(zip(counted, finals), start=args.first_seed):
+            # per seed, to pair with a study's seeds
+            print(f"  {label} seed {seed}: {len(epochs)} epochs, best valid NDCG@10 {valid:.4f}, its test {test:.4f}",
                   flush=True)
-        valid = statistics.median(epochs[-1][1] if epochs else 0.0 for epochs in counted)
-        test = statistics.median(epochs[-1][2] if epochs else 0.0 for epochs in counted)
+        valid = statistics.median(final[0] for final in finals)
+        test = statistics.median(final[1] for final in finals)
         reached = [run.time_to_quality() for run in runs]
         ttq = statistics.median(t for t in reached if t is not None) if all(t is not None for t in reached) else None
         rows.append((label, statistics.median(len(e) for e in counted), valid, test, ttq))
