@@ -312,8 +312,9 @@ class _Trial:
             cost = epoch_cost(self.step, self.data, self.train_cfg, self.device)
             line, budget = cost.line(self.train_cfg.max_epochs), self.train_cfg.time_budget_s
             # the bar counts up to max_epochs: say where a shorter budget will cut it (the epoch crossing it finishes)
-            fit = math.ceil(budget / cost.epoch_s) if budget and cost.epoch_s > 0 else self.train_cfg.max_epochs
-            if fit < self.train_cfg.max_epochs:
+            left = self.train_cfg.max_epochs - self.epochs_run  # a resumed trial's budget counts from this run
+            fit = math.ceil(budget / cost.epoch_s) if budget and cost.epoch_s > 0 else left
+            if fit < left:
                 line += f"\n  the time budget of {budget:g} s ends training after about {max(fit, 1)} epoch(s)"
             print(line, file=sys.stderr, flush=True)
             steps_per_epoch = cost.steps
