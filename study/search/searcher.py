@@ -13,6 +13,7 @@ import json
 import math
 import pickle
 import warnings
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,8 @@ from optuna.trial import TrialState
 from ray.tune.search import ConcurrencyLimiter, Searcher, SearchGenerator
 from ray.tune.search.optuna import OptunaSearch
 
-from study.search.records import STUDY_TIME_BUDGET
+from study.layout import RECORDS_DIR
+from study.search.records import STATUS_OK, STUDY_TIME_BUDGET, lost_process, read_records
 from study.search.trial import tune_key
 from study.spec.resolved import Study
 
@@ -68,21 +70,34 @@ class StudySearch(OptunaSearch):
         with open(checkpoint_path, "rb") as saved:
             self.__dict__.update(pickle.load(saved))
         self.relocate(here)
-        self.close_interrupted()
 
-    def close_interrupted(self) -> None:
-        """Fail the Optuna trials a stopped session began after its last saved state, marked ``interrupted``.
+    def close_interrupted(self, resumed: set[str], records: dict[str, dict[str, Any]]) -> None:
+        """Match Optuna's RUNNING trials to what a resumed session will run (:meth:`StudySamples.restore_from_dir`).
 
-        Tune resumes only the trials its saved state holds, which are the ones this searcher knows; Optuna may
-        hold later ones, suggested just before the stop, that no Tune trial will ever report. Left RUNNING they
-        would count as taken grid points (:class:`StudyGridSampler`) and the grid would run others twice.
+        Tune saves its trials and this searcher at different moments, so after a kill either may be the newer:
+
+        * a trial Tune resumes (``resumed``) reports to its Optuna trial, even one begun after this searcher's
+          state was saved (found again by its ``tune_trial_id``);
+        * a trial Tune lost but the driver recorded gets the outcome of its record;
+        * any other was suggested just before the stop and no Tune trial will ever report it: it fails, marked
+          ``interrupted``. Left RUNNING it would count as a taken grid point (:class:`StudyGridSampler`) and the
+          grid would run another point twice.
         """
-        known = {trial._trial_id for trial in self._ot_trials.values()}
+        storage = self._ot_study._storage
         for trial in self._ot_study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            if trial._trial_id not in known:
-                self._ot_study._storage.set_trial_user_attr(trial._trial_id, "note", INTERRUPTED_NOTE)
-                self._ot_study._storage.set_trial_user_attr(trial._trial_id, "interrupted", True)
-                self._ot_study.tell(trial.number, state=TrialState.FAIL)
+            tune_id = trial.user_attrs.get("tune_trial_id")
+            if tune_id in resumed:
+                self._ot_trials[tune_id] = optuna.trial.Trial(self._ot_study, trial._trial_id)
+                continue
+            self._ot_trials.pop(tune_id, None)
+            if tune_id in records and tell_from_record(self._ot_study, trial, records[tune_id], self._metrics()):
+                continue
+            storage.set_trial_user_attr(trial._trial_id, "note", INTERRUPTED_NOTE)
+            storage.set_trial_user_attr(trial._trial_id, "interrupted", True)
+            self._ot_study.tell(trial.number, state=TrialState.FAIL)
+
+    def _metrics(self) -> list[str]:
+        return self._metric if isinstance(self._metric, list) else [self._metric]
 
     def relocate(self, storage_url: str) -> None:
         """Use the Optuna database at ``storage_url`` (the study's and its trials' ids are kept in the file)."""
@@ -135,8 +150,7 @@ class StudySearch(OptunaSearch):
 
     def _outcome(self, result: dict | None, error: bool) -> tuple[TrialState, list[float] | None]:
         """The Optuna state and objective values of a Tune trial that ended (see the class docstring)."""
-        metrics = self._metric if isinstance(self._metric, list) else [self._metric]
-        values = [result.get(m) for m in metrics] if result and not error else None
+        values = [result.get(m) for m in self._metrics()] if result and not error else None
         if values is not None and not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
             state, values = TrialState.FAIL, None
         elif error:
@@ -166,6 +180,12 @@ class StudySamples(SearchGenerator):
       it restores itself.
 
     The restored tuner's generator gets both before the run starts (:mod:`study.search.tuner`).
+
+    Tune saves its trials and this generator's state at different moments (and copies them to the study folder
+    one file after the other), so a study killed with SIGKILL may resume a generator newer or older than its
+    trials. :meth:`restore_from_dir` therefore counts again from what this session has: the trials Tune resumes and
+    the trials the driver recorded (:func:`restored_trials`). Otherwise a generator ahead of the trials ends the
+    study with samples never run, and a concurrency limiter behind them never tells Optuna a resumed trial's result.
     """
 
     def __init__(self, searcher: Any, num_samples: int):
@@ -184,6 +204,45 @@ class StudySamples(SearchGenerator):
             self._experiment.spec["storage"] = moved
             self._experiment.storage = moved
 
+    def restore_from_dir(self, dirpath: str) -> None:
+        super().restore_from_dir(dirpath)
+        restored = restored_trials(dirpath)
+        records = read_records(Path(self.storage_path) / RECORDS_DIR) if self.storage_path else {}
+        started = {**{tid: record.get("config") or {} for tid, record in records.items()},
+                   **{tid: trial["config"] for tid, trial in restored.items()}}
+        # trials Tune runs again (errored ones too: the sweep resumes them), each taking a concurrency slot
+        live = {tid for tid, trial in restored.items() if trial["status"] != "TERMINATED"}
+        wrapper = self.searcher
+        while wrapper is not None:
+            if isinstance(wrapper, ConcurrencyLimiter):
+                wrapper.live_trials, wrapper.num_unfinished_live_trials = set(live), len(live)
+            elif isinstance(wrapper, FixedPoints):
+                wrapper.resume_without(list(started.values()))
+            elif isinstance(wrapper, StudySearch):
+                wrapper.close_interrupted(live, records)
+            wrapper = getattr(wrapper, "searcher", None)
+        self._counter = len(started)
+        self._finished = self._counter >= self._total_samples
+
+
+def restored_trials(dirpath: str) -> dict[str, dict[str, Any]]:
+    """``{trial_id: {"status", "config"}}`` of the trials in the newest experiment state in ``dirpath``: what Tune
+    resumes.
+
+    Tune reads the same file (its ``experiment_state-<time>.json``, the newest by name) just before it restores its
+    search algorithm from that folder; each trial's saved state is a JSON text holding its id, status and config.
+    """
+    from ray.tune.execution.tune_controller import TuneController
+
+    states = sorted(Path(dirpath).glob(TuneController.CKPT_FILE_TMPL.format("*")))
+    if not states:
+        raise RuntimeError(f"no Tune experiment state in {dirpath}; cannot resume this study here")
+    restored = {}
+    for trial_state, _ in json.loads(states[-1].read_text())["trial_data"]:
+        trial = json.loads(trial_state)
+        restored[trial["trial_id"]] = {"status": trial["status"], "config": trial["config"]}
+    return restored
+
 
 def study_searcher(search: Any) -> StudySearch | None:
     """The :class:`StudySearch` inside Tune's wrappers (generator, concurrency limiter), if any."""
@@ -194,6 +253,7 @@ def study_searcher(search: Any) -> StudySearch | None:
 
 INTERRUPTED_NOTE = "orphaned by an interrupted session"
 BUDGET_NOTE = "stopped by the study's time budget: values of its best epoch so far"
+RECORDED_NOTE = "told from the driver's record: Optuna did not hear the trial end before the session stopped"
 
 
 class StudyGridSampler(optuna.samplers.GridSampler):
@@ -279,28 +339,48 @@ def close_orphans(storage_url: str, study_name: str, records: dict[str, dict[str
                   objectives: list[str]) -> dict[str, int]:
     """Close the Optuna trials a session left RUNNING; map Tune trial ids to Optuna numbers.
 
-    A trial the study's time budget stopped is a result: Optuna gets the objectives of its record (the best epoch
-    so far), marked ``study_time_budget`` so that a resume which trains it on adds its final values as a trial of
-    their own. Any other RUNNING trial was interrupted and is FAIL.
+    A RUNNING trial with a record gets its outcome (:func:`tell_from_record`); any other was interrupted and is FAIL.
     """
     study = optuna.load_study(study_name=study_name, storage=storage_url)
+    metrics = [tune_key(objective) for objective in objectives]
     numbers = {}
     for trial in study.get_trials(deepcopy=False):
         tune_id = trial.user_attrs.get("tune_trial_id")
-        if trial.state == TrialState.RUNNING:
-            record = records.get(tune_id) or {}
-            report = record.get("last_report") or {}
-            values = [report.get(tune_key(objective)) for objective in objectives]
-            if record.get("stop_reason") == STUDY_TIME_BUDGET and all(_finite(v) for v in values):
-                study._storage.set_trial_user_attr(trial._trial_id, "note", BUDGET_NOTE)
-                study._storage.set_trial_user_attr(trial._trial_id, STUDY_TIME_BUDGET, True)
-                study.tell(trial.number, values, state=TrialState.COMPLETE)
-            else:
-                study._storage.set_trial_user_attr(trial._trial_id, "note", INTERRUPTED_NOTE)
-                study.tell(trial.number, state=TrialState.FAIL)
+        if trial.state == TrialState.RUNNING and not tell_from_record(study, trial, records.get(tune_id), metrics):
+            study._storage.set_trial_user_attr(trial._trial_id, "note", INTERRUPTED_NOTE)
+            study.tell(trial.number, state=TrialState.FAIL)
         if tune_id:
             numbers[tune_id] = trial.number
     return numbers
+
+
+def tell_from_record(study: optuna.Study, trial: optuna.trial.FrozenTrial, record: dict[str, Any] | None,
+                     metrics: list[str]) -> bool:
+    """Tell Optuna the outcome the driver recorded for a trial it never heard end; False when there is none.
+
+    A trial the study's time budget stopped is a result: Optuna gets the objectives of its record (the best epoch
+    so far), marked ``study_time_budget`` so that a resume which trains it on adds its final values as a trial of
+    their own. A finished trial gets its values; a trial that failed on its own is FAIL. A trial whose process was
+    lost has no outcome.
+    """
+    if record is None or lost_process(record):
+        return False
+    report = record.get("last_report") or {}
+    values = [report.get(metric) for metric in metrics]
+    finite = all(_finite(v) for v in values)
+    if record.get("stop_reason") == STUDY_TIME_BUDGET and finite:
+        study._storage.set_trial_user_attr(trial._trial_id, "note", BUDGET_NOTE)
+        study._storage.set_trial_user_attr(trial._trial_id, STUDY_TIME_BUDGET, True)
+        study.tell(trial.number, values, state=TrialState.COMPLETE)
+    elif record["status"] == STATUS_OK and finite:
+        study._storage.set_trial_user_attr(trial._trial_id, "note", RECORDED_NOTE)
+        study.tell(trial.number, values, state=TrialState.COMPLETE)
+    elif record.get("stop_reason") == STUDY_TIME_BUDGET:
+        return False
+    else:
+        study._storage.set_trial_user_attr(trial._trial_id, "note", RECORDED_NOTE)
+        study.tell(trial.number, state=TrialState.FAIL)
+    return True
 
 
 def _finite(value: Any) -> bool:
@@ -314,14 +394,14 @@ class FixedPoints(Searcher):
     ``SearchGenerator``, which gives each ``Trial.generate_id()``'s 8 hex digits; ``BasicVariantGenerator``'s
     ``points_to_evaluate`` get a per-run prefix and a counter instead (``39e5d_00000``). Serving the points from a
     :class:`~ray.tune.search.Searcher` gives every command the same kind of trial id, through Tune's public API.
-    Its state (the points, how many it handed out) is saved with Tune's experiment, so a resumed batch starts each
-    point once, as ``BasicVariantGenerator``'s counter did.
+    Its state (the points, those not handed out yet) is saved with Tune's experiment; on a resume the points are
+    matched again to the trials the batch has (:meth:`StudySamples.restore_from_dir`), so each point starts once.
     """
 
     def __init__(self, points: list[dict[str, Any]]) -> None:
         super().__init__()
         self._points = [copy.deepcopy(dict(point)) for point in points]
-        self._given = 0
+        self._pending = list(range(len(self._points)))  # indices of the points no trial has taken yet, in order
 
     def set_search_properties(self, metric: str | None, mode: str | None, config: dict[str, Any],
                               **spec: Any) -> bool:
@@ -329,19 +409,33 @@ class FixedPoints(Searcher):
         return True
 
     def suggest(self, trial_id: str) -> dict[str, Any] | str:
-        if self._given >= len(self._points):
+        if not self._pending:
             return Searcher.FINISHED
-        self._given += 1
-        return copy.deepcopy(self._points[self._given - 1])
+        return copy.deepcopy(self._points[self._pending.pop(0)])
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         pass  # nothing to learn: the points are fixed
 
+    def resume_without(self, configs: list[dict[str, Any]]) -> None:
+        """Leave pending only the points that none of ``configs`` (the trials a resumed batch has) ran, each
+        config taking one point."""
+        taken = Counter(_point_key(config, self._points[0]) for config in configs) if self._points else Counter()
+        self._pending = []
+        for index, point in enumerate(self._points):
+            key = _point_key(point, point)
+            if taken[key]:
+                taken[key] -= 1
+            else:
+                self._pending.append(index)
+
     def get_state(self) -> dict[str, Any]:
-        return {"points": copy.deepcopy(self._points), "given": self._given}
+        return {"points": copy.deepcopy(self._points), "pending": list(self._pending)}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        self._points, self._given = state["points"], int(state["given"])
+        self._points = state["points"]
+        # a batch saved before points were tracked one by one kept how many it had handed out, in order
+        given = int(state.get("given", 0))
+        self._pending = list(state.get("pending", range(given, len(self._points))))
 
     def save(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "wb") as out:
@@ -350,6 +444,11 @@ class FixedPoints(Searcher):
     def restore(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "rb") as saved:
             self.set_state(pickle.load(saved))
+
+
+def _point_key(config: dict[str, Any], point: dict[str, Any]) -> str:
+    """A fixed point's values in ``config``, as comparable text (a trial's config holds every key of its point)."""
+    return json.dumps({key: config.get(key) for key in point}, sort_keys=True, default=str)
 
 
 def fixed_points_search(points: list[dict[str, Any]], max_concurrent: int) -> StudySamples:

@@ -88,3 +88,18 @@ def test_a_resumed_fixed_points_run_starts_each_remaining_point_once(tmp_path: P
     assert sorted(point for _, point in ran) == _points()  # every point once: none lost, none run twice
     assert all(SWEEP_ID.fullmatch(trial_id) for trial_id, _ in ran)
     assert first[0].metrics["trial_id"] in {trial_id for trial_id, _ in ran}  # the interrupted trial, resumed
+
+
+def test_a_resumed_batch_runs_only_the_points_its_trials_did_not_take() -> None:
+    """Tune may save its trials and the search's state apart (a kill between the two files): the points still to run
+    are those no kept or recorded trial took, whichever trials those are, and an equal point counts once each."""
+    from ray.tune.search import Searcher
+
+    from study.search.searcher import FixedPoints
+
+    points = FixedPoints([*POINTS, POINTS[0]])
+    points.resume_without([dict(POINTS[0]), dict(POINTS[2])])  # trials of the first and the third point
+    assert [points.suggest(trial_id) for trial_id in "xyz"] == [POINTS[1], POINTS[0], Searcher.FINISHED]
+    counted = FixedPoints([])
+    counted.set_state({"points": POINTS, "given": 1})  # the state of a batch that counted the points it handed out
+    assert [counted.suggest(trial_id) for trial_id in "xy"] == POINTS[1:]

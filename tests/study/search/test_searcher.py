@@ -1,14 +1,20 @@
 """The driver's Optuna searcher across an interrupted session, without Ray trials: a grid study resumed after a
-stop runs every point exactly once, and a trial trained again after losing its process reaches Optuna."""
+stop runs every point exactly once, a trial trained again after losing its process reaches Optuna, and Tune's
+generator resumes what its trials left whichever of the two Tune saved last."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
+from ray.tune.experiment import Trial
+from ray.tune.search import ConcurrencyLimiter
 
-from study.search.searcher import INTERRUPTED_NOTE, StudyGridSampler, StudySearch
+from study.layout import RECORDS_DIR
+from study.search.records import write_record
+from study.search.searcher import INTERRUPTED_NOTE, StudyGridSampler, StudySamples, StudySearch
 
 SEEDS = [1, 2, 3, 4, 5]
 METRIC = "best_valid_ndcg@10"
@@ -32,6 +38,7 @@ def test_a_resumed_grid_runs_every_point_once_and_reruns_reach_optuna(tmp_path: 
 
     resumed = _grid_searcher(storage_url)
     resumed.restore(str(tmp_path / "searcher.pkl"))
+    resumed.close_interrupted(resumed={"a", "b"}, records={})
     study = resumed._ot_study
     orphans = [t for t in study.get_trials() if t.user_attrs.get("tune_trial_id", "").startswith("orphan")]
     assert [(t.state, t.user_attrs["note"], t.user_attrs["interrupted"]) for t in orphans] == \
@@ -62,5 +69,94 @@ def test_a_replayed_failure_stays_one_failed_trial(tmp_path: Path) -> None:
     first.save(str(tmp_path / "searcher.pkl"))
     resumed = _grid_searcher(storage_url)
     resumed.restore(str(tmp_path / "searcher.pkl"))
+    resumed.close_interrupted(resumed={"a"}, records={})
     resumed.on_trial_complete("a", error=True)  # its record replays the failure
     assert [t.state for t in resumed._ot_study.get_trials()] == [TrialState.FAIL]
+
+
+def _generator(storage_url: str, out: Path) -> StudySamples:
+    generator = StudySamples(ConcurrencyLimiter(_grid_searcher(storage_url), max_concurrent=1), len(SEEDS))
+    generator.storage_path = str(out)  # the resumed session's study folder (study.search.tuner sets it)
+    return generator
+
+
+def _save_tune_trials(folder: Path, trials: dict[str, tuple[str, int]]) -> None:
+    """Tune's experiment state as Tune writes it: each trial's own JSON state (``{id: (status, seed)}``)."""
+    states = []
+    for trial_id, (status, seed) in trials.items():
+        trial = Trial("sweep_trial", config={"seed": seed}, trial_id=trial_id, stub=True)
+        trial.set_status(status)
+        states.append(trial.get_json_state())
+    (folder / "experiment_state-2000-01-01_00-00-00.json").write_text(json.dumps({"trial_data": states}))
+
+
+def _record(out: Path, trial_id: str, seed: int, value: float) -> None:
+    write_record(out / RECORDS_DIR, {"trial_id": trial_id, "status": "ok", "error": "", "config": {"seed": seed},
+                                     "last_report": {METRIC: value}})
+
+
+def _run(generator: StudySamples, trial_id: str, value: float) -> int:
+    seed = generator.searcher.suggest(trial_id)["seed"]
+    generator._counter += 1  # what Tune's create_trial_if_possible counts for each trial it creates
+    generator.on_trial_complete(trial_id, {METRIC: value})
+    return seed
+
+
+def test_a_generator_saved_before_its_trials_tells_optuna_the_resumed_trial(tmp_path: Path) -> None:
+    """The kill came after Tune saved its trials but before it saved the generator (its files are written one
+    after the other): the generator's concurrency slot is still held by the finished trial, so the resumed trial's
+    result never reached Optuna."""
+    storage_url, out, saved = f"sqlite:///{tmp_path / 'optuna.db'}", tmp_path / "out", tmp_path / "tune"
+    saved.mkdir()
+    first = _generator(storage_url, out)
+    seeds = {"a": first.searcher.suggest("a")["seed"]}
+    first._counter = 1
+    first.save_to_dir(str(saved), session_str="first")  # the generator as saved: "a" running
+    first.on_trial_complete("a", {METRIC: 0.25})
+    _record(out, "a", seeds["a"], 0.25)
+    seeds["b"] = first.searcher.suggest("b")["seed"]
+    _save_tune_trials(saved, {"a": (Trial.TERMINATED, seeds["a"]), "b": (Trial.RUNNING, seeds["b"])})
+
+    resumed = _generator(storage_url, out)
+    resumed.restore_from_dir(str(saved))
+    limiter = resumed.searcher
+    assert (limiter.live_trials, resumed._counter, resumed.is_finished()) == ({"b"}, 2, False)
+    resumed.on_trial_complete("b", {METRIC: 0.5})  # Tune trains "b" again; its result reaches Optuna
+    for trial_id in "cde":
+        seeds[trial_id] = _run(resumed, trial_id, 0.125)
+    assert sorted(seeds.values()) == SEEDS and resumed.is_finished()
+    study = resumed.searcher.searcher._ot_study
+    values = {t.user_attrs["tune_trial_id"]: (t.state, t.value) for t in study.get_trials()}
+    assert values == {"a": (TrialState.COMPLETE, 0.25), "b": (TrialState.COMPLETE, 0.5),
+                      **{t: (TrialState.COMPLETE, 0.125) for t in "cde"}}
+
+
+def test_a_generator_saved_after_its_trials_runs_the_samples_tune_never_kept(tmp_path: Path) -> None:
+    """The kill came after the generator was saved with three trials but before Tune saved more than the first:
+    counted from the generator, the study ended with samples never run. "b" finished and was recorded, and
+    Optuna never heard of it; "c" had just started."""
+    storage_url, out, saved = f"sqlite:///{tmp_path / 'optuna.db'}", tmp_path / "out", tmp_path / "tune"
+    saved.mkdir()
+    first = _generator(storage_url, out)
+    seeds = {"a": _run(first, "a", 0.25)}
+    _record(out, "a", seeds["a"], 0.25)
+    _save_tune_trials(saved, {"a": (Trial.TERMINATED, seeds["a"])})
+    seeds["b"] = first.searcher.suggest("b")["seed"]
+    first._counter += 1
+    _record(out, "b", seeds["b"], 0.5)  # recorded by the driver; the kill came before Optuna was told
+    first.searcher.live_trials.discard("b")
+    first.searcher.suggest("c")
+    first._counter += 1
+    first.save_to_dir(str(saved), session_str="first")
+
+    resumed = _generator(storage_url, out)
+    resumed.restore_from_dir(str(saved))
+    assert (resumed.searcher.live_trials, resumed._counter, resumed.is_finished()) == (set(), 2, False)
+    for trial_id in "def":
+        seeds[trial_id] = _run(resumed, trial_id, 0.125)
+    assert sorted(seeds.values()) == SEEDS and resumed.is_finished()
+    study = resumed.searcher.searcher._ot_study
+    states = {t.user_attrs["tune_trial_id"]: (t.state, t.value, t.user_attrs.get("interrupted")) for t in
+              study.get_trials()}
+    assert states == {"a": (TrialState.COMPLETE, 0.25, None), "b": (TrialState.COMPLETE, 0.5, None),
+                      "c": (TrialState.FAIL, None, True), **{t: (TrialState.COMPLETE, 0.125, None) for t in "def"}}
