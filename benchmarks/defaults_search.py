@@ -54,6 +54,17 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "windows=10,new,batch=32": {"max_len": 50, "window_step": 10, "window_targets": "new", "batch_size": 32},
     "windows=10,new,batch=64": {"max_len": 50, "window_step": 10, "window_targets": "new", "batch_size": 64},
     "windows=10,new,lr=2e-3": {"max_len": 50, "window_step": 10, "window_targets": "new", "lr": 2e-3},
+    # the whole history is ~2.5x the newest window's targets, so the newest window's dropout may over-regularise it
+    "windows=10,new,dropout=0.3": {"max_len": 50, "window_step": 10, "window_targets": "new",
+                                   "dropout": 0.3, "attn_dropout": 0.3},
+    "windows=10,new,dropout=0.2": {"max_len": 50, "window_step": 10, "window_targets": "new",
+                                   "dropout": 0.2, "attn_dropout": 0.2},
+    # ELASTIC's memory (`--model elastic`, which trains with `last`): Lample et al.'s remedies for queries that
+    # crowd onto a few experts, against the paper's memory as read (the campaign's `elastic` study)
+    "elastic": {"max_len": 50},
+    "query_batchnorm": {"max_len": 50, "query_batchnorm": True},
+    "key_heads=4": {"max_len": 50, "key_heads": 4},
+    "query_batchnorm,key_heads=4": {"max_len": 50, "query_batchnorm": True, "key_heads": 4},
 }
 
 
@@ -62,9 +73,11 @@ class Run:
     """One candidate's epochs under the budget: (wall s, best validation NDCG@10, its test NDCG@10)."""
 
     epochs: list[tuple[float, float, float]] = field(default_factory=list)
+    best_extras: list[dict[str, float]] = field(default_factory=list)  # per epoch: the best epoch's model statistics
 
     def __call__(self, report: EpochReport) -> None:
         self.epochs.append((report.wall_time_s, report.best_valid["ndcg@10"], report.best_test["ndcg@10"]))
+        self.best_extras.append(dict(report.best_extra))
 
     def within(self, budget: float) -> list[tuple[float, float, float]]:
         return [epoch for epoch in self.epochs if epoch[0] <= budget]
@@ -80,6 +93,14 @@ def train(prepared: Path, overrides: dict[str, Any], threads: int, budget: float
     run_trial(model, data, {"num_threads": threads, "time_budget_s": budget, "measure_efficiency": False,
                                "seed": seed, **overrides}, callback=run)
     return run
+
+
+def usage_text(extra: dict[str, float]) -> str:
+    """ELASTIC's expert usage at the best epoch (``Elastic.stats``), or nothing for a model without experts."""
+    if "expert_usage_rate" not in extra:
+        return ""
+    return (f"; experts used {extra['expert_usage_rate']:.1%}, load entropy {extra['expert_load_entropy_norm']:.2f} "
+            f"of the maximum, top expert {extra['expert_max_load']:.1%} of selections")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,10 +126,11 @@ def main(argv: list[str] | None = None) -> int:
                 for seed in range(args.first_seed, args.first_seed + args.seeds)]
         counted = [run.within(args.budget) for run in runs]
         finals = [epochs[-1][1:] if epochs else (0.0, 0.0) for epochs in counted]  # (best valid, its test)
-        for seed, (epochs, (valid, test)) in enumerate(zip(counted, finals), start=args.first_seed):
+        for seed, (run, epochs, (valid, test)) in enumerate(zip(runs, counted, finals), start=args.first_seed):
             # per seed, to pair with a study's seeds
-            print(f"  {label} seed {seed}: {len(epochs)} epochs, best valid NDCG@10 {valid:.4f}, its test {test:.4f}",
-                  flush=True)
+            extra = run.best_extras[len(epochs) - 1] if epochs else {}
+            print(f"  {label} seed {seed}: {len(epochs)} epochs, best valid NDCG@10 {valid:.4f}, its test {test:.4f}"
+                  f"{usage_text(extra)}", flush=True)
         valid = statistics.median(final[0] for final in finals)
         test = statistics.median(final[1] for final in finals)
         reached = [run.time_to_quality() for run in runs]

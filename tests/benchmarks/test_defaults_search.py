@@ -46,3 +46,17 @@ def test_a_candidate_trains_the_named_model_on_the_windows_it_names(synthetic_la
     run = defaults_search.train(synthetic_lastfm_prepared, overrides, threads=1, budget=1e9, seed=0, model="gru4rec")
     assert [model for model, _ in calls] == ["gru4rec"] and len(run.epochs) == 2
     assert calls[0][1]["window_step"] == 4 and calls[0][1]["window_targets"] == "new"
+
+
+def test_an_elastic_candidate_reports_the_expert_usage_of_its_best_epoch(synthetic_lastfm_prepared: Path) -> None:
+    overrides = {**defaults_search.CANDIDATES["query_batchnorm"], "max_len": 12, "max_epochs": 2, "num_experts": 16,
+                 "top_k": 4}
+    run = defaults_search.train(synthetic_lastfm_prepared, overrides, threads=1, budget=1e9, seed=0, model="elastic")
+    assert len(run.best_extras) == len(run.epochs) == 2
+    usage = run.best_extras[-1]
+    assert 0 < usage["expert_usage_rate"] <= 1 and 0 < usage["expert_max_load"] <= 1
+    line = defaults_search.usage_text(usage)
+    assert f"experts used {usage['expert_usage_rate']:.1%}" in line and "top expert" in line
+    sasrec = defaults_search.train(synthetic_lastfm_prepared, {"max_len": 12, "max_epochs": 1}, threads=1,
+                                   budget=1e9, seed=0)
+    assert sasrec.best_extras == [{}] and defaults_search.usage_text(sasrec.best_extras[-1]) == ""
