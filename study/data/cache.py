@@ -7,7 +7,8 @@
 
 ``<cache>`` is ``$SEQREC_DATA``, else ``~/.cache/seqrec-study``. A request by name without a source
 (:func:`known_source`) reuses the prepared copy of that name and settings, or the one source that name was
-prepared from; two different sources under one name are ambiguous and a clear error.
+prepared from; two different sources under one name are ambiguous and a clear error. Such a request reads the
+source as it was read before (:func:`remembered_options`: a table's column names), unless it names other options.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,6 +105,24 @@ def known_source(name: str, settings: dict[str, Any]) -> PreparedCopy | Path | N
             return PreparedCopy(path, _readable_source(meta))
     readable = [source for _, meta in group if (source := _readable_source(meta)) is not None]
     return readable[0] if readable else None
+
+
+def remembered_options(name: str, option_names: Iterable[str]) -> dict[str, Any]:
+    """The recipe options that every prepared copy of ``name`` was read with, for a request by name that leaves
+    them out: ``prepare csv --source FILE --time-col when`` once, then ``--dataset csv`` reads FILE's ``when``
+    column again rather than the default's, which FILE may not have. An option the copies disagree on is left out
+    (the request then takes the recipe's default, or names the option)."""
+    seen: dict[str, set[str]] = {}
+    values: dict[str, Any] = {}
+    for _, meta in list_prepared():
+        if meta.get("name") != name or meta.get("format_version") != FORMAT_VERSION:
+            continue
+        identity = _identity(meta)
+        for option in option_names:
+            if option in identity:
+                seen.setdefault(option, set()).add(json.dumps(identity[option]))
+                values[option] = identity[option]
+    return {option: values[option] for option, kinds in seen.items() if len(kinds) == 1}
 
 
 def _describe_source(meta: dict) -> str:

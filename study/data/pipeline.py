@@ -28,7 +28,8 @@ goes, a source is kept (below) only once its directory is complete, and an archi
 so that a retry downloads it again rather than reusing a file that may be why it failed.
 
 A prepared dataset is addressable by name: ``prepare(name)`` without a source reuses the prepared copy of that
-recipe (or re-reads its recorded source for another k-core), so an offline user gives ``--source`` once. A source
+recipe (or re-reads its recorded source for another k-core), read with the options it was prepared with unless the
+call names others (a table's column names), so an offline user gives ``--source`` and the columns once. A source
 given for a downloadable recipe is kept in the cache (``<cache>/sources/``) like a download.
 
 Steps 1-6 run in one process with pandas (:mod:`study.data.sequences`), or with Ray Data for sources larger than
@@ -61,6 +62,7 @@ from study.data.cache import (
     kept_path,
     known_source,
     prepared_root,
+    remembered_options,
 )
 from study.data.files import Source
 from study.data.ray_engine import build_on_ray, choose_engine, estimate_rows, widen_parts
@@ -252,6 +254,8 @@ def prepare(
     interactions (default 20M). Both give the same dataset, so the engine is not part of its identity.
     """
     recipe = get_recipe(name)
+    if source is None and not recipe.synthetic:  # by name: read the source as it was read before
+        options = {**remembered_options(name, recipe.options), **options}
     k, resolved, settings = _settings(recipe, max_len, kcore, engine, options)
     downloaded = None
     if recipe.synthetic:

@@ -198,3 +198,21 @@ def test_generic_parquet(tmp_path: Path, data_cache: Path) -> None:
     (tmp_path / "broken.parquet").write_bytes(b"PAR1 not really")
     with pytest.raises(UserError, match=r"broken\.parquet: cannot read as Parquet"):
         read_table(tmp_path / "broken.parquet")
+
+def test_a_csv_prepared_with_its_columns_is_read_with_them_again_by_name(tmp_path: Path, data_cache: Path) -> None:
+    """``prepare csv --source FILE --time-col when`` once, then ``--dataset csv`` (``study.train`` takes no column
+    flags): the name reads FILE's columns again, for the prepared copy and for another k-core alike."""
+    path = tmp_path / "events.csv"
+    rows = ["when,who,what"] + [f"{day},{user},{item}" for user in ("u1", "u2", "u3")
+                                for day, item in enumerate(("a", "b", "c", "a", "d"))]
+    path.write_text("\n".join(rows) + "\n")
+    columns = {"user_col": "who", "item_col": "what", "time_col": "when"}
+    first = prepare("csv", source=path, progress=False, **columns)
+    assert prepare("csv", progress=False) == first
+    other_k = load_prepared(prepare("csv", kcore=3, progress=False))
+    assert other_k.path != first and {key: other_k.meta["recipe"][key] for key in columns} == columns
+    # a name the copies were read with differently takes the recipe's default unless the request names it
+    prepare("csv", source=path, progress=False, **{**columns, "time_col": "none"})
+    with pytest.raises(UserError, match=r"missing column\(s\) 'timestamp'"):
+        prepare("csv", progress=False)
+    assert prepare("csv", progress=False, time_col="when") == first
