@@ -179,8 +179,17 @@ def _cmd_list() -> None:
         stats = (f"{meta.get('num_users', 0):,} users, {meta.get('num_items', 0):,} items, "
                  f"{meta.get('num_interactions', 0):,} interactions, mean length "
                  f"{meta.get('length', {}).get('mean', float('nan')):.1f}, kcore {meta.get('kcore')}, "
-                 f"windows of {meta.get('max_len')} + 1, prepared {meta.get('created', '?')}")
+                 f"windows of {meta.get('max_len')} + 1, prepared {meta.get('created', '?')}{_options_text(meta)}")
         print("\n".join(_wrapped(stats, 6, " " * 6) + _source_lines(meta)))
+
+
+def _options_text(meta: dict) -> str:
+    """The recipe options a prepared copy was read or generated with (a request by name reads its file the same
+    way), spelled as a study file's ``dataset.options``."""
+    not_options = ("name", "kcore", "max_len", "generator_version")
+    options = {key: value for key, value in meta.get("recipe", {}).items() if key not in not_options}
+    shown = ", ".join(f"{key}={'none' if value is None else value}" for key, value in options.items())
+    return f", options {shown}" if shown else ""
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -48,6 +48,18 @@ def test_prepare_prints_statistics_and_list_shows_it(synthetic_lastfm_file: Path
     listed = run_cli("list", cache=cache)
     assert listed.returncode == 0 and "ml-100k" in listed.stdout and "synthetic" in listed.stdout
     assert Path(table["output"]).name in listed.stdout
+    assert "options" not in listed.stdout  # LastFM's recipe takes none
+
+
+def test_list_shows_the_columns_a_table_was_read_with(tmp_path: Path) -> None:
+    """A request by name reads the table with these columns again, so the list says which they are."""
+    cache, table = tmp_path / "cache", tmp_path / "events.csv"
+    table.write_text("who,what\n" + "".join(f"{user},{item}\n" for user in (1, 2, 3) for item in (4, 5, 6, 7)))
+    done = run_cli("prepare", "csv", "--source", str(table), "--user-col", "who", "--item-col", "what",
+                   "--time-col", "none", cache=cache)
+    assert done.returncode == 0, done.stderr
+    listed = " ".join(run_cli("list", cache=cache).stdout.split())  # unwrapped
+    assert "options user_col=who, item_col=what, time_col=none" in listed
 
 
 def _bad_zip(tmp: Path) -> Path:
