@@ -11,7 +11,7 @@ per candidate (the median over ``--seeds`` seeds): the epochs that fit, the best
 budget, which is what selects, and beside it the test NDCG@10 of that best-validation epoch and the wall time at
 which that test figure first reached 0.041 (issue #16's time-to-quality target). Nothing is chosen on the test
 split: a default changes only where the validation column says so, and the same defaults then hold for every
-dataset.
+dataset. Each seed's line adds ELASTIC's expert usage at its best epoch, for the memory candidates.
 """
 
 from __future__ import annotations
