@@ -13,7 +13,7 @@ import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
-from study.data.cache import FORMAT_VERSION, cache_dir, list_prepared
+from study.data.cache import FORMAT_VERSION, cache_dir, copy_options, list_prepared
 from study.data.pipeline import prepare
 from study.data.ray_engine import DEFAULT_RAY_ROWS, ENGINES, ROWS_ENV
 from study.data.recipes import DEFAULT_RECIPE, RECIPES
@@ -186,9 +186,7 @@ def _cmd_list() -> None:
 def _options_text(meta: dict) -> str:
     """The recipe options a prepared copy was read or generated with (a request by name reads its file the same
     way), spelled as a study file's ``dataset.options``."""
-    not_options = ("name", "kcore", "max_len", "generator_version")
-    options = {key: value for key, value in meta.get("recipe", {}).items() if key not in not_options}
-    shown = ", ".join(f"{key}={'none' if value is None else value}" for key, value in options.items())
+    shown = ", ".join(f"{key}={'none' if value is None else value}" for key, value in copy_options(meta).items())
     return f", options {shown}" if shown else ""
 
 

@@ -71,6 +71,12 @@ def _identity(meta: dict) -> dict:
     return {key: value for key, value in meta.get("recipe", {}).items() if key not in ("name", "max_len")}
 
 
+def copy_options(meta: dict) -> dict[str, Any]:
+    """The recipe options a prepared copy was read or generated with (a table's column names, a generator's sizes):
+    its identity without the k-core and the generator's version, spelled as a study file's ``dataset.options``."""
+    return {key: value for key, value in _identity(meta).items() if key not in ("kcore", "generator_version")}
+
+
 def _readable_source(meta: dict) -> Path | None:
     """A copy of the source a prepared directory was made from that still exists: the kept one, else the original."""
     source = meta.get("source", {})
@@ -117,11 +123,11 @@ def remembered_options(name: str, option_names: Iterable[str]) -> dict[str, Any]
     for _, meta in list_prepared():
         if meta.get("name") != name or meta.get("format_version") != FORMAT_VERSION:
             continue
-        identity = _identity(meta)
+        options = copy_options(meta)
         for option in option_names:
-            if option in identity:
-                seen.setdefault(option, set()).add(json.dumps(identity[option]))
-                values[option] = identity[option]
+            if option in options:
+                seen.setdefault(option, set()).add(json.dumps(options[option]))
+                values[option] = options[option]
     return {option: values[option] for option, kinds in seen.items() if len(kinds) == 1}
 
 
