@@ -86,14 +86,19 @@ def _readable_source(meta: dict) -> Path | None:
     return None
 
 
-def known_source(name: str, settings: dict[str, Any]) -> PreparedCopy | Path | None:
-    """What ``prepare(name)`` without a source should use: a prepared copy with these settings, else the one source
-    this name was prepared from (to re-read it with other settings), else None (download, or ask for --source).
+def copies_named(name: str) -> list[tuple[Path, dict]]:
+    """The prepared copies a request for ``name`` without a source may use (this format's only), with their meta."""
+    return [(path, meta) for path, meta in list_prepared()
+            if meta.get("name") == name and meta.get("format_version") == FORMAT_VERSION]
+
+
+def known_source(name: str, copies: list[tuple[Path, dict]], settings: dict[str, Any]) -> PreparedCopy | Path | None:
+    """What ``prepare(name)`` without a source should use, among ``copies`` (:func:`copies_named`): a prepared copy
+    with these settings, else the one source this name was prepared from (to re-read it with other settings), else
+    None (download, or ask for --source).
 
     Two different sources prepared under one name are ambiguous: a clear error lists them.
     """
-    copies = [(path, meta) for path, meta in list_prepared()
-              if meta.get("name") == name and meta.get("format_version") == FORMAT_VERSION]
     by_source: dict[str, list[tuple[Path, dict]]] = {}
     for path, meta in copies:
         by_source.setdefault(str(meta.get("source", {}).get("sha256")), []).append((path, meta))
@@ -113,22 +118,18 @@ def known_source(name: str, settings: dict[str, Any]) -> PreparedCopy | Path | N
     return readable[0] if readable else None
 
 
-def remembered_options(name: str, option_names: Iterable[str]) -> dict[str, Any]:
-    """The recipe options that every prepared copy of ``name`` was read with, for a request by name that leaves
-    them out: ``prepare csv --source FILE --time-col when`` once, then ``--dataset csv`` reads FILE's ``when``
-    column again rather than the default's, which FILE may not have. An option the copies disagree on is left out
-    (the request then takes the recipe's default, or names the option)."""
-    seen: dict[str, set[str]] = {}
-    values: dict[str, Any] = {}
-    for _, meta in list_prepared():
-        if meta.get("name") != name or meta.get("format_version") != FORMAT_VERSION:
-            continue
+def remembered_options(copies: list[tuple[Path, dict]], option_names: Iterable[str]) -> dict[str, Any]:
+    """The recipe options that all ``copies`` of a name (:func:`copies_named`) were read with, for a request by name
+    that leaves them out: ``prepare csv --source FILE --time-col when`` once, then ``--dataset csv`` reads FILE's
+    ``when`` column again rather than the default's, which FILE may not have. An option the copies disagree on is
+    left out (the request then takes the recipe's default, or names the option)."""
+    distinct: dict[str, set[str]] = {}  # option -> its values, JSON-encoded so that any value can be a set member
+    for _, meta in copies:
         options = copy_options(meta)
         for option in option_names:
             if option in options:
-                seen.setdefault(option, set()).add(json.dumps(options[option]))
-                values[option] = options[option]
-    return {option: values[option] for option, kinds in seen.items() if len(kinds) == 1}
+                distinct.setdefault(option, set()).add(json.dumps(options[option], sort_keys=True))
+    return {option: json.loads(next(iter(values))) for option, values in distinct.items() if len(values) == 1}
 
 
 def _describe_source(meta: dict) -> str:

@@ -57,6 +57,7 @@ from study.data import synthetic
 from study.data.cache import (
     FORMAT_VERSION,
     PreparedCopy,
+    copies_named,
     discard_kept,
     keep_source,
     kept_path,
@@ -254,8 +255,10 @@ def prepare(
     interactions (default 20M). Both give the same dataset, so the engine is not part of its identity.
     """
     recipe = get_recipe(name)
-    if source is None and not recipe.synthetic:  # by name: read the source as it was read before
-        options = {**remembered_options(name, recipe.options), **options}
+    by_name = source is None and not recipe.synthetic
+    copies = copies_named(name) if by_name else []
+    if by_name:  # read the source as it was read before
+        options = {**remembered_options(copies, recipe.options), **options}
     k, resolved, settings = _settings(recipe, max_len, kcore, engine, options)
     downloaded = None
     if recipe.synthetic:
@@ -264,8 +267,8 @@ def prepare(
         settings["generator_version"] = synthetic.GENERATOR_VERSION
         located, info, checksums = None, {"generator": "study.data.synthetic"}, []
     else:
-        if source is None:
-            known = known_source(name, settings)
+        if by_name:
+            known = known_source(name, copies, settings)
             if isinstance(known, PreparedCopy) and not force:
                 return _reuse(known.path, max_len, progress=progress)
             source = known.source if isinstance(known, PreparedCopy) else known
