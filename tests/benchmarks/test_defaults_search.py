@@ -26,6 +26,7 @@ def test_a_candidate_trains_on_its_own_window_and_reports_every_epoch(synthetic_
     assert run.within(walls[1]) == run.epochs[:2]
     best_valid = [valid for _, valid, _ in run.epochs]
     assert best_valid == sorted(best_valid)  # the best validation score so far never drops
+    assert len(run.valid) == 3 and max(run.valid) == best_valid[-1]  # each epoch's own figure beside the best
 
 
 def test_time_to_quality_is_the_first_epoch_whose_test_figure_reaches_the_target() -> None:
@@ -60,3 +61,34 @@ def test_an_elastic_candidate_reports_the_expert_usage_of_its_best_epoch(synthet
     sasrec = defaults_search.train(synthetic_lastfm_prepared, {"max_len": 12, "max_epochs": 1}, threads=1,
                                    budget=1e9, seed=0)
     assert sasrec.best_extras == [{}] and defaults_search.usage_text(sasrec.best_extras[-1]) == ""
+
+
+def test_the_selecting_mean_takes_the_epochs_around_the_best_one_inside_the_budget() -> None:
+    curve = [0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07, 0.10, 0.05, 0.04, 0.03, 0.02, 0.01, 0.0, 0.0]
+    walls = [10.0 * (epoch + 1) for epoch in range(len(curve))]
+    bests = [max(curve[:epoch + 1]) for epoch in range(len(curve))]
+    run = defaults_search.Run(epochs=[(wall, best, 0.0) for wall, best in zip(walls, bests)], valid=curve)
+    around = curve[7 - defaults_search.AROUND_BEST:7 + defaults_search.AROUND_BEST + 1]  # the spike at epoch 8
+    assert run.mean_around_best(1e9) == pytest.approx(sum(around) / len(around))
+    assert run.mean_around_best(1e9) < max(curve)  # the spike weighs one epoch of eleven
+    # a budget that ends at epoch 5, the best inside it: no epoch after it, so none before it either
+    assert run.mean_around_best(50.0) == curve[4]
+    # the best at epoch 3 of 6 is centred on two epochs either side, not on the five after it
+    early = defaults_search.Run(epochs=run.epochs[:6], valid=[0.05, 0.06, 0.08, 0.04, 0.03, 0.02])
+    assert early.mean_around_best(1e9) == pytest.approx((0.05 + 0.06 + 0.08 + 0.04 + 0.03) / 5)
+    assert run.mean_around_best(5.0) == 0.0
+
+
+def test_a_search_prints_each_seed_and_selects_on_the_mean_around_the_best(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    spiky = defaults_search.Run(epochs=[(10.0, 0.02, 0.01), (20.0, 0.08, 0.03), (30.0, 0.08, 0.03)],
+                                valid=[0.02, 0.08, 0.02], best_extras=[{}] * 3)
+    steady = defaults_search.Run(epochs=[(10.0, 0.05, 0.02), (20.0, 0.06, 0.05), (30.0, 0.06, 0.05)],
+                                 valid=[0.05, 0.06, 0.06], best_extras=[{}] * 3)
+    row = defaults_search.summarise("batch=8", [spiky, steady], 1e9, first_seed=4)
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["  batch=8 seed 4", "  batch=8 seed 5"]
+    assert "best valid NDCG@10 0.0800, mean valid over the best ± 5 epochs 0.0400, its test 0.0300" in lines[0]
+    assert row.best_valid == pytest.approx(0.07) and row.around_best == pytest.approx((0.04 + 0.17 / 3) / 2)
+    assert row.test == pytest.approx(0.04) and row.epochs == 3
+    assert row.seconds_to_quality is None  # the spiky seed's test never reached the target
