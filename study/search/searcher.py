@@ -177,9 +177,11 @@ class StudySamples(SearchGenerator):
     * the experiment's storage, from which every new trial takes its folder: a study resumed after its folder moved
       (another path, machine or working copy) would create its new trials under the old path, where their
       checkpoints cannot be written. The new trials follow :attr:`storage_path` instead, as Tune moves the trials
-      it restores itself.
+      it restores itself;
+    * the trials at once: a study started on one CPU and resumed on a cluster would still run one trial at a time.
+      The concurrency limiter takes :attr:`max_concurrent`, what this session's cluster fits, instead.
 
-    The restored tuner's generator gets both before the run starts (:mod:`study.search.tuner`).
+    The restored tuner's generator gets all three before the run starts (:mod:`study.search.tuner`).
 
     Tune saves its trials and this generator's state at different moments (and copies them to the study folder
     one file after the other), so a study killed with SIGKILL may resume a generator newer or older than its
@@ -192,6 +194,7 @@ class StudySamples(SearchGenerator):
         super().__init__(searcher)
         self.num_samples = num_samples
         self.storage_path: str | None = None  # this session's study folder (set on a resume)
+        self.max_concurrent: int | None = None  # this session's trials at once (set on a resume)
 
     def set_state(self, state: dict[str, Any]) -> None:
         super().set_state(state)
@@ -216,6 +219,7 @@ class StudySamples(SearchGenerator):
         while wrapper is not None:
             if isinstance(wrapper, ConcurrencyLimiter):
                 wrapper.live_trials, wrapper.num_unfinished_live_trials = set(live), len(live)
+                wrapper.max_concurrent = self.max_concurrent or wrapper.max_concurrent
             elif isinstance(wrapper, FixedPoints):
                 wrapper.resume_without(list(started.values()))
             elif isinstance(wrapper, StudySearch):

@@ -101,7 +101,7 @@ def restore_tuner(study: Study, out: Path, mirror: Mirror, trainable: Any, stora
 
 def _relocate(tuner: Any, out: Path, mirror: Mirror, storage_url: str, clock: StudyClock, study: Study,
               quiet: bool, estimate: StudyEstimate | None, concurrency: int) -> None:
-    """Point the restored recorder and searcher at this session's study folder, clock and budget.
+    """Point the restored recorder and searcher at this session's study folder, clock, budget and concurrency.
 
     ``Tuner.restore`` unpickles them with the paths of the session that started the study, which may have run in
     another folder or on another machine, and with that session's budget: a resume may give the study more time
@@ -121,7 +121,7 @@ def _relocate(tuner: Any, out: Path, mirror: Mirror, storage_url: str, clock: St
     run_config.verbose = 0 if quiet else 1
     search = internal._tune_config.search_alg
     if isinstance(search, StudySamples):
-        search.storage_path = str(out)
+        search.storage_path, search.max_concurrent = str(out), concurrency
         if study_searcher(search) is not None:  # a search; fixed points keep their count
             search.num_samples = study.budget.num_samples
     searcher = study_searcher(search)

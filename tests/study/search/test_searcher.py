@@ -131,6 +131,31 @@ def test_a_generator_saved_before_its_trials_tells_optuna_the_resumed_trial(tmp_
                       **{t: (TrialState.COMPLETE, 0.125) for t in "cde"}}
 
 
+def test_a_study_resumed_where_more_trials_fit_runs_that_many_at_once(tmp_path: Path) -> None:
+    """Started on one CPU (one trial at a time), resumed on three: the saved limiter's one must not hold."""
+    storage_url, out, saved = f"sqlite:///{tmp_path / 'optuna.db'}", tmp_path / "out", tmp_path / "tune"
+    saved.mkdir()
+    first = _generator(storage_url, out)
+    seeds = {"a": first.searcher.suggest("a")["seed"]}
+    first._counter = 1
+    assert first.searcher.suggest("x") is None  # one at a time while "a" runs
+    first.save_to_dir(str(saved), session_str="first")
+    _save_tune_trials(saved, {"a": (Trial.RUNNING, seeds["a"])})
+
+    resumed = _generator(storage_url, out)
+    resumed.max_concurrent = 3  # what study.search.tuner sets from this session's cluster
+    resumed.restore_from_dir(str(saved))
+    limiter = resumed.searcher
+    assert (limiter.max_concurrent, limiter.live_trials) == (3, {"a"})
+    seeds.update({trial_id: limiter.suggest(trial_id)["seed"] for trial_id in "bc"})  # beside "a": three at once
+    assert limiter.suggest("d") is None
+    assert len(set(seeds.values())) == 3
+
+    unchanged = _generator(storage_url, out)  # a resume that does not say keeps what the study saved
+    unchanged.restore_from_dir(str(saved))
+    assert unchanged.searcher.max_concurrent == 1
+
+
 def test_a_generator_saved_after_its_trials_runs_the_samples_tune_never_kept(tmp_path: Path) -> None:
     """The kill came after the generator was saved with three trials but before Tune saved more than the first:
     counted from the generator, the study ended with samples never run. "b" finished and was recorded, and
