@@ -79,7 +79,7 @@ def test_the_selecting_mean_takes_the_epochs_around_the_best_one_inside_the_budg
     assert run.mean_around_best(5.0) == 0.0
 
 
-def test_a_search_prints_each_seed_and_selects_on_the_mean_around_the_best(
+def test_a_candidate_prints_each_seed_and_gives_the_medians_of_its_seeds(
         capsys: pytest.CaptureFixture[str]) -> None:
     spiky = defaults_search.Run(epochs=[(10.0, 0.02, 0.01), (20.0, 0.08, 0.03), (30.0, 0.08, 0.03)],
                                 valid=[0.02, 0.08, 0.02], best_extras=[{}] * 3)
