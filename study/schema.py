@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 # 2: records carry `schema`; 3: `cloze_window_step` became `window_step`, for every objective. Every key ADDED at a
-# schema is in every record of that schema or later.
-SCHEMA = 3
+# schema is in every record of that schema or later. 4: `sampled_test_negatives`.
+SCHEMA = 4
 SCHEMA_KEY = "schema"
 UNSTAMPED = 1  # the schema of a record that carries none
 
@@ -45,6 +45,7 @@ ADDED = (
     Added(2, "init", "per_matrix", model="lisa"),  # each (W, D) or (D, D) matrix initialised alone
     Added(2, "query_batchnorm", False, model="elastic"),
     Added(2, "key_heads", 1, model="elastic"),
+    Added(4, "sampled_test_negatives", 0),  # full-ranking test metrics only
 )
 # an old key -> today's key, applied before ADDED (whose keys are today's)
 RENAMED: dict[str, str] = {"cloze_window_step": "window_step"}

@@ -402,10 +402,14 @@ def is_set(value: Any) -> bool:
 
 
 def short(metric: str) -> str:
-    """``test_ndcg@10`` → ``NDCG@10`` for table headers."""
+    """``test_ndcg@10`` → ``NDCG@10`` for table headers; ``test_sampled_ndcg@10`` (against the sampled test
+    negatives, :mod:`study.train.results`) → ``sampled NDCG@10``."""
     name = metric.removeprefix("test_").removeprefix("valid_")
-    base, _, k = name.partition("@")
-    return f"{base.upper()}@{k}" if k else name
+    sampled = name.startswith("sampled_")
+    base, _, k = name.removeprefix("sampled_").partition("@")
+    if not k:
+        return name
+    return f"{'sampled ' if sampled else ''}{base.upper()}@{k}"
 
 
 def formatted(frame: pd.DataFrame, digits: int = SIGNIFICANT_DIGITS, plain: Iterable[str] = ()) -> pd.DataFrame:

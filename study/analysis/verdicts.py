@@ -27,14 +27,9 @@ import pandas as pd
 
 from study.analysis.claims import SIGNIFICANCE, Claim, combine
 from study.analysis.intervals import LEVEL, Estimate, estimate, estimate_mean, fieller
-from study.analysis.tables import fmt, fmt_p
+from study.analysis.tables import fmt, fmt_p, short
 
 NO_VERDICT = "diagnostic, no verdict"
-
-
-def metric_name(metric: str) -> str:
-    """``test_ndcg@10`` → ``NDCG@10``."""
-    return metric.removeprefix("test_").upper()
 
 
 def mean_sd(values: pd.Series) -> str:
@@ -77,12 +72,28 @@ def claim_lines(values: dict[str, pd.DataFrame], claims: tuple[Claim, ...]) -> l
     family = sum(len(c.metrics) for c in tested if c.kind == "better")
     lines = []
     for claim in tested:
+        unmeasured = _unmeasured(claim, values)
+        if unmeasured:
+            lines.append(f"- **not measured**{f' ({claim.role})' if claim.role else ''}: {claim.text} "
+                         f"({claim.source}). {unmeasured}.")
+            continue
         level = 1 - SIGNIFICANCE / family if claim.kind == "better" and family > 1 else LEVEL
         judged = [_judge_metric(claim, metric, values, level, family) for metric in claim.metrics]
         verdict = combine([v for v, _ in judged])
         parts = "; ".join(text for _, text in judged)
         lines.append(f"- {verdict_mark(verdict, claim)}: {claim.text} ({claim.source}). Ours: {parts}.")
     return lines
+
+
+def _unmeasured(claim: Claim, values: dict[str, pd.DataFrame]) -> str:
+    """Why ``claim`` cannot be judged though both its studies ran: the metrics a study's rows do not carry (rows
+    carry sampled test metrics only where the study set ``sampled_test_negatives``); "" when every one is there."""
+    gaps = [f"{study} records no {short(metric)}" for metric in claim.metrics
+            for study in (claim.candidate, claim.reference)
+            if metric not in values[study] or values[study][metric].isna().all()]
+    if gaps and any("sampled_" in metric for metric in claim.metrics):
+        gaps.append("a study records sampled test metrics where its file sets sampled_test_negatives")
+    return "; ".join(gaps)
 
 
 def _judge_metric(claim: Claim, metric: str, values: dict[str, pd.DataFrame], level: float,
@@ -92,7 +103,7 @@ def _judge_metric(claim: Claim, metric: str, values: dict[str, pd.DataFrame], le
     est = estimate(candidate, reference, claim.weight, level)
     region = claim.region()
     mc, mr = est.mean_candidate, est.mean_reference
-    text = f"{metric_name(metric)} {mc:.4f} vs {mr:.4f} ("
+    text = f"{short(metric)} {mc:.4f} vs {mr:.4f} ("
     if claim.kind == "ratio":
         text += f"ratio {mc / mr if mr else math.nan:.3f}, {level_text(level)} CI "
         text += interval_text(*fieller(candidate, reference, level), digits=3)
@@ -145,11 +156,11 @@ def published_lines(dataset: str, values: dict[str, pd.DataFrame], claims: tuple
         region = claim.region(published)
         verdict = NO_VERDICT if region is None else verdict_mark(region.verdict(est.low, est.high), claim)
         ratios = {metric: runs[metric].mean() / value for metric, value in row.items()}
-        cited = ", ".join(f"{metric_name(m)} {v:.4f}" for m, v in row.items())
-        ours = ", ".join(f"{metric_name(m)} {mean_sd(runs[m])}" for m in row)
+        cited = ", ".join(f"{short(m)} {v:.4f}" for m, v in row.items())
+        ours = ", ".join(f"{short(m)} {mean_sd(runs[m])}" for m in row)
         interval = f"{level_text(est.level)} CI {interval_text(est.low / published, est.high / published, 3)}"
         interval += f" against {region.text}" if region else ""
-        others = "".join(f"; {metric_name(m)} ratio {ratio:.3f}" for m, ratio in ratios.items() if m != judged)
+        others = "".join(f"; {short(m)} ratio {ratio:.3f}" for m, ratio in ratios.items() if m != judged)
         mde = est.mde()
         power = "" if math.isnan(mde) else f"; MDE {mde:.4f} ({100 * mde / published:.0f} % of the row)"
         lines.append(f"- {verdict}: {claim.candidate} {claim.text} ({claim.source}: {cited}). Ours: {ours} "

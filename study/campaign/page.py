@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from study.analysis.runs import HISTORY_FILE, assign_labels, collect_runs, load_results
+from study.analysis.tables import short
 from study.analysis.verdicts import claim_lines, mean_sd, published_lines
 from study.campaign.spec import Campaign
 from study.spec.yaml_io import read_yaml
@@ -56,7 +57,7 @@ def trial_wall_s(runs: pd.DataFrame, folder: Path) -> float:
 
 
 def results_table(values: dict[str, pd.DataFrame], metrics: tuple[str, ...]) -> list[str]:
-    names = " | ".join(m.removeprefix("test_").upper() for m in metrics)
+    names = " | ".join(short(m) for m in metrics)
     lines = [f"| study | objective | seeds | {names} | best epoch (of run) | s/epoch |",
              "|---|---|---|" + "---|" * len(metrics) + "---|---|"]
     for study, runs in values.items():

@@ -126,7 +126,7 @@ def preflight(model_name: str, settings: dict[str, Any], data: TrialData, measur
     from study.train.metrics import popularity_metrics, sample_negatives
     from study.train.objectives import resolve_objective
     from study.train.results import kernel_path
-    from study.train.trainer import resolve_device, seed_everything, with_user_count
+    from study.train.trainer import NEGATIVE_SEED_OFFSETS, resolve_device, seed_everything, with_user_count
 
     train_cfg, hparams = split_settings(model_name, settings)
     hparams = with_user_count(model_name, {**hparams, "num_items": data.num_items,
@@ -144,10 +144,10 @@ def preflight(model_name: str, settings: dict[str, Any], data: TrialData, measur
     if measure:
         figures.update(efficiency.efficiency_figures(model_name, hparams, train_cfg, data, model, device, counter))
     negatives = None
-    if train_cfg.eval_mode == "sampled":  # the same test negatives run_trial draws (seed + 1 for the test split)
+    if train_cfg.eval_mode == "sampled":  # the same test negatives run_trial draws
         popularity = data.item_popularity if train_cfg.negative_sampler == "popularity" else None
         negatives = sample_negatives(data.test, data.num_items, train_cfg.num_negatives, popularity,
-                                     seed=train_cfg.seed + 1)
+                                     seed=train_cfg.seed + NEGATIVE_SEED_OFFSETS["test"])
     figures["pop_ndcg@10"] = popularity_metrics(data.test, data.item_popularity, negatives=negatives,
                                                 mask_history=train_cfg.mask_history)["ndcg@10"]
     del model

@@ -2,9 +2,11 @@
 
 Columns:
 - identity: ``model``, ``dataset``, ``dataset_hash``, ``synthetic`` (synthetic data is never an accuracy claim)
-- protocol: ``objective``, ``eval_mode``, ``num_negatives`` (sampled only), ``negative_sampler``, ``mask_history``
+- protocol: ``objective``, ``eval_mode``, ``num_negatives`` (sampled only), ``negative_sampler``, ``mask_history``,
+  ``sampled_test_negatives``
 - metrics: ``valid_{hr,ndcg,mrr}@{5,10,20}`` at the best-validation epoch and ``test_…`` of that same epoch,
-  ``best_epoch``, ``epochs_run``, ``pop_ndcg@10`` (the most-popular baseline under the same protocol)
+  ``best_epoch``, ``epochs_run``, ``test_sampled_…`` (the same epoch against ``sampled_test_negatives`` uniform
+  negatives per user, where that is set), ``pop_ndcg@10`` (the most-popular baseline under the same protocol)
 - efficiency: ``params``, ``peak_mem_mb`` + ``peak_mem_method``, ``epoch_time_s``, ``train_throughput``
   (sequences/s), ``infer_ms_p50`` / ``infer_ms_p95`` (top-20 of all items for 256 users), ``device``,
   ``kernel_path``
@@ -47,6 +49,7 @@ def protocol_of(train_cfg: TrainConfig, objective: str) -> dict[str, Any]:
         "num_negatives": train_cfg.num_negatives if train_cfg.eval_mode == "sampled" else 0,
         "negative_sampler": train_cfg.negative_sampler if train_cfg.eval_mode == "sampled" else "",
         "mask_history": train_cfg.mask_history,
+        "sampled_test_negatives": train_cfg.sampled_test_negatives,
         "selection_metric": train_cfg.selection_metric,
     }
 

@@ -58,6 +58,11 @@ class TrainConfig:
     num_negatives: int = setting(100, PROTOCOL, RANKING)
     negative_sampler: str = setting("uniform", PROTOCOL, RANKING)
     mask_history: bool = setting(False, PROTOCOL, RANKING)  # RecBole's default: history items stay rankable
+    # n > 0: besides the protocol's full-ranking test metrics, the best epoch's test metrics against n uniform
+    # negatives per user (test_sampled_…), drawn as eval_mode `sampled` draws its test negatives (so the figures
+    # equal that protocol's for the same weights): the protocol of papers that report sampled metrics (LISA's 100).
+    # Full ranking only, since under `sampled` the test metrics already are sampled. Selection never reads them.
+    sampled_test_negatives: int = setting(0, PROTOCOL)
     mask_prob: float = setting(0.2, STEP_COST)  # cloze only; BERT4Rec uses 0.2 on MovieLens, 0.6 on Beauty
     prefixes_per_user: int = 0  # `last` only: 0 = every prefix (RecBole's augmentation), n = n random ones
     # How each user's training history is cut into windows of max_len items, for every objective but `last` (which
@@ -130,7 +135,10 @@ class TrainConfig:
         for key in ("batch_size", "max_epochs", "eval_batch_size"):
             if getattr(self, key) < 1:
                 errors.append((key, f"must be >= 1, got {getattr(self, key)}"))
-        for key in ("prefixes_per_user", "window_step", "patience", "num_threads"):
+        if self.sampled_test_negatives and self.eval_mode != "full":
+            errors.append(("sampled_test_negatives", "adds sampled test metrics to full ranking; under eval_mode "
+                           f"{self.eval_mode!r} the test metrics already are sampled (use num_negatives)"))
+        for key in ("prefixes_per_user", "window_step", "patience", "num_threads", "sampled_test_negatives"):
             if (getattr(self, key) or 0) < 0:
                 errors.append((key, f"must be >= 0, got {getattr(self, key)}"))
         if self.window_targets not in (None, *WINDOW_TARGETS):

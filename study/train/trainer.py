@@ -151,15 +151,24 @@ def _fit_to_model(model_name: str, data: TrialData | str | Path, settings: dict)
     return train_cfg, model_hparams, data
 
 
+# the seeds of the evaluation negatives, after the trial's seed: each split has its own
+NEGATIVE_SEED_OFFSETS = {"valid": 0, "test": 1}
+
+
 def _eval_negatives(data: TrialData, train_cfg: TrainConfig) -> dict[str, np.ndarray]:
-    """Each split's negatives under sampled evaluation (none under full ranking), drawn once per trial from seeds of
-    their own (``seed`` for valid, ``seed + 1`` for test), so that every epoch ranks against the same items."""
+    """Each split's negatives under sampled evaluation, drawn once per trial from seeds of their own, so that every
+    epoch ranks against the same items. Under full ranking, only the test negatives of ``sampled_test_negatives``
+    (uniform, from the test split's seed: the ones eval_mode ``sampled`` would draw for the same count), as
+    ``sampled_test``; none without it."""
+    seeds = {name: train_cfg.seed + offset for name, offset in NEGATIVE_SEED_OFFSETS.items()}
     if train_cfg.eval_mode != "sampled":
-        return {}
+        if not train_cfg.sampled_test_negatives:
+            return {}
+        return {"sampled_test": sample_negatives(data.test, data.num_items, train_cfg.sampled_test_negatives, None,
+                                                 seed=seeds["test"])}
     popularity = data.item_popularity if train_cfg.negative_sampler == "popularity" else None
-    return {name: sample_negatives(split, data.num_items, train_cfg.num_negatives, popularity,
-                                   seed=train_cfg.seed + offset)
-            for offset, (name, split) in enumerate((("valid", data.valid), ("test", data.test)))}
+    return {name: sample_negatives(split, data.num_items, train_cfg.num_negatives, popularity, seed=seeds[name])
+            for name, split in (("valid", data.valid), ("test", data.test))}
 
 
 @dataclass
@@ -380,7 +389,7 @@ class _Trial:
         best, selection = self.best, self.train_cfg.selection_metric
         if not best.valid or valid[selection] > best.valid[selection]:
             best.valid, best.epoch, best.epochs_without_gain = valid, epoch, 0
-            best.test = self._score("test")
+            best.test = self._test_scores()
             best.weights = copy.deepcopy(self.model.state_dict())
             best.extra = self.model.stats()  # of the validation pass: a test pass counts nothing (ELASTIC)
         else:
@@ -395,6 +404,18 @@ class _Trial:
         return evaluate(self.model, split, batch_size=train_cfg.eval_batch_size, device=self.device,
                         mask_history=train_cfg.mask_history, negatives=self.negatives.get(split_name), strict=True,
                         trim=train_cfg.trim_padding)
+
+    def _test_scores(self) -> dict[str, float]:
+        """The test metrics of the protocol, and against the ``sampled_test_negatives`` where they are set, as
+        ``sampled_<metric>`` (rows ``test_sampled_<metric>``)."""
+        scores = self._score("test")
+        sampled = self.negatives.get("sampled_test")
+        if sampled is not None:
+            train_cfg = self.train_cfg
+            figures = evaluate(self.model, self.data.test, batch_size=train_cfg.eval_batch_size, device=self.device,
+                               negatives=sampled, strict=True, trim=train_cfg.trim_padding)
+            scores.update({f"sampled_{k}": v for k, v in figures.items()})
+        return scores
 
     def _show(self, bar: Any, report: EpochReport, steps_per_epoch: int | None) -> None:
         """The bar after an epoch: one step when it counts epochs, and the loss, this epoch's and the best

@@ -121,6 +121,25 @@ def test_a_within_claim_reads_every_metric(hr_shift: float, hr_noise: tuple[floa
     assert "HR@10" in line and "; NDCG@10" in line and line.count("against |Δ| ≤ 0.01") == 2
 
 
+def test_a_claim_on_a_metric_one_study_does_not_record_is_not_measured_and_says_which() -> None:
+    claim = (Claim("B within 0.01 of A on sampled metrics", "paper", "b", "within", reference="a", bound=0.01,
+                   metrics=("test_sampled_hr@10", "test_sampled_ndcg@10"), role="primary"),)
+    sampled = {"test_sampled_hr@10": [0.30, 0.31, 0.29, 0.30, 0.32],
+               "test_sampled_ndcg@10": [0.15, 0.16, 0.14, 0.15, 0.16]}
+    candidate = SASREC.assign(**sampled)
+    # as a campaign's page reads them: studies that lack a column get it as NaN beside those that have it
+    reference = SASREC.assign(**{metric: math.nan for metric in sampled})
+    [line] = claim_lines({"a": reference, "b": candidate}, claim)
+    assert line.startswith("- **not measured** (primary): B within 0.01 of A on sampled metrics (paper).")
+    assert "a records no sampled HR@10; a records no sampled NDCG@10" in line and "b records" not in line
+    assert "sampled_test_negatives" in line
+    [line] = claim_lines({"a": SASREC, "b": SASREC}, claim)  # neither has the column at all
+    assert line.count("records no") == 4
+    close = {metric: [v + d for v, d in zip(values, TIGHT)] for metric, values in sampled.items()}
+    [line] = claim_lines({"a": SASREC.assign(**close), "b": candidate}, claim)
+    assert verdict(line) == HOLDS and "sampled HR@10 0.3040 vs 0.3040" in line, line
+
+
 @pytest.mark.parametrize(("ratio", "noise", "expected"), [
     (1.0, TIGHT, HOLDS), (0.8, TIGHT, CONTRADICTED), (0.95, NOISE, INCONCLUSIVE)])
 def test_a_published_row_is_matched_by_our_means_interval(ratio: float, noise: tuple[float, ...],

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from models.registry import ConfigError
 from study.errors import UserError
 from study.train.config import TrainConfig, split_settings
 from study.train.metrics import NonFiniteScores, popularity_metrics
@@ -99,6 +100,31 @@ def test_result_records_protocol_and_efficiency(synthetic):
     assert "fresh process" in result["peak_mem_method"]
     # sampled ranking among 51 candidates is far easier than ranking all 2,703 items
     assert result["test_hr@10"] > 0.2
+
+
+def test_sampled_test_metrics_beside_full_ranking_are_the_sampled_protocols_and_are_recorded(synthetic):
+    plain = run_trial("sasrec", synthetic, {**QUICK, "max_epochs": 1})
+    both = run_trial("sasrec", synthetic, {**QUICK, "max_epochs": 1, "sampled_test_negatives": 50})
+    sampled = run_trial("sasrec", synthetic, {**QUICK, "max_epochs": 1, "eval_mode": "sampled", "num_negatives": 50})
+    metrics = [k for k in plain if k.startswith("test_")]
+    # the setting adds figures and changes neither training nor the protocol's own metrics
+    assert {k: both[k] for k in metrics} == {k: plain[k] for k in metrics}
+    assert not any(k.startswith("test_sampled_") for k in plain)
+    # the same weights against the negatives the sampled protocol draws give that protocol's figures
+    assert both["test_sampled_ndcg@10"] == pytest.approx(sampled["test_ndcg@10"], abs=1e-12)
+    assert both["test_sampled_hr@20"] == pytest.approx(sampled["test_hr@20"], abs=1e-12)
+    # 51 candidates are a subset of all items, so no target ranks worse among them
+    assert all(both[f"test_sampled_{k}"] >= both[f"test_{k}"] for k in ("hr@10", "ndcg@10", "mrr@10"))
+    assert both["test_sampled_hr@10"] > 2 * both["test_hr@10"]
+    assert (plain["sampled_test_negatives"], both["sampled_test_negatives"], sampled["sampled_test_negatives"]) == \
+        (0, 50, 0)
+
+
+def test_sampled_test_metrics_are_refused_where_the_protocol_already_samples():
+    with pytest.raises(ConfigError, match="already are sampled"):
+        split_settings("sasrec", {"eval_mode": "sampled", "sampled_test_negatives": 100})
+    with pytest.raises(ConfigError, match="sampled_test_negatives: must be >= 0"):
+        split_settings("sasrec", {"sampled_test_negatives": -1})
 
 
 def test_last_and_bce_objectives_train(synthetic):
