@@ -56,7 +56,17 @@ def trial_wall_s(runs: pd.DataFrame, folder: Path) -> float:
     return float(pd.Series(runs["wall_time_s"].to_numpy()).combine(pd.Series(epochs), max).sum())
 
 
+def with_sampled(values: dict[str, pd.DataFrame], metrics: tuple[str, ...]) -> tuple[str, ...]:
+    """``metrics`` and, after them, their sampled counterparts (``test_sampled_…``) that some study of ``values``
+    recorded: a table that holds a study with sampled test metrics shows them beside the full ranking's."""
+    sampled = [f"test_sampled_{m.removeprefix('test_')}" for m in metrics if m.startswith("test_")]
+    return (*metrics, *(m for m in sampled if any(m in runs and runs[m].notna().any() for runs in values.values())))
+
+
 def results_table(values: dict[str, pd.DataFrame], metrics: tuple[str, ...]) -> list[str]:
+    """One row per study: the means ± sd of ``metrics`` (and of their sampled counterparts, where recorded), the
+    mean best and last epochs, and the median seconds an epoch."""
+    metrics = with_sampled(values, metrics)
     names = " | ".join(short(m) for m in metrics)
     lines = [f"| study | objective | seeds | {names} | best epoch (of run) | s/epoch |",
              "|---|---|---|" + "---|" * len(metrics) + "---|---|"]
@@ -65,7 +75,8 @@ def results_table(values: dict[str, pd.DataFrame], metrics: tuple[str, ...]) -> 
         epochs = f"{runs['best_epoch'].mean():.0f} ({runs['epochs_run'].mean():.0f})" if len(runs) else "–"
         seconds = f"{runs['epoch_time_s'].median():.1f}" if "epoch_time_s" in runs and len(runs) else "–"
         lines.append(f"| {study} | {objective} | {len(runs)} | "
-                     + " | ".join(mean_sd(runs[m]) for m in metrics) + f" | {epochs} | {seconds} |")
+                     + " | ".join(mean_sd(runs[m]) if m in runs else "–" for m in metrics)
+                     + f" | {epochs} | {seconds} |")
     return lines
 
 

@@ -14,7 +14,7 @@ import pytest
 
 import study.campaign.runner as runner
 from study.campaign.command import main, prepare_for_report
-from study.campaign.page import BEGIN, END, trial_wall_s, unconverged, write_page
+from study.campaign.page import BEGIN, END, results_table, trial_wall_s, unconverged, write_page
 from study.campaign.runner import (
     RECORD_FILES,
     archive_study,
@@ -267,6 +267,24 @@ def test_a_run_the_limit_cut_before_its_patience_ran_out_is_listed() -> None:
     assert unconverged({"b": runs}, 200) == [
         "- b: seed 1 stopped at epoch 200, 35 epochs after its best, before its patience of 50 ran out",
         "- b: seed 3 stopped at epoch 200, 5 epochs after its best, before its patience of 10 ran out"]
+
+
+def test_a_table_shows_sampled_test_metrics_beside_the_full_rankings_where_a_study_recorded_them() -> None:
+    def runs(**columns: list) -> pd.DataFrame:
+        base = {"objective": ["bce"] * 2, "best_epoch": [10, 20], "epochs_run": [60, 70], "epoch_time_s": [2.0, 4.0],
+                "test_ndcg@10": [0.03, 0.04], "test_hr@10": [0.08, 0.09]}
+        return pd.DataFrame({**base, **columns}, index=pd.Index([1, 2], name="seed"))
+
+    full_only = {"a": runs(), "b": runs()}
+    header, _, first, _ = results_table(full_only, ("test_hr@10", "test_ndcg@10"))
+    assert header == "| study | objective | seeds | HR@10 | NDCG@10 | best epoch (of run) | s/epoch |"
+    assert first == "| a | bce | 2 | 0.0850 ± 0.0071 | 0.0350 ± 0.0071 | 15 (65) | 3.0 |"
+    # as a campaign's page reads them: one study recorded sampled NDCG@10, the other has the column as NaN
+    mixed = {"a": runs(**{"test_sampled_ndcg@10": [0.20, 0.30]}),
+             "b": runs(**{"test_sampled_ndcg@10": [float("nan")] * 2})}
+    header, _, first, second = results_table(mixed, ("test_hr@10", "test_ndcg@10"))
+    assert header.endswith("| HR@10 | NDCG@10 | sampled NDCG@10 | best epoch (of run) | s/epoch |")
+    assert "| 0.0350 ± 0.0071 | 0.2500 ± 0.0707 | 15 (65) |" in first and "| 0.0350 ± 0.0071 | – | 15 (65) |" in second
 
 
 def test_a_resumed_trial_counts_its_earlier_runs_in_the_wall_time(tmp_path: Path) -> None:
