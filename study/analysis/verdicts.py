@@ -88,11 +88,14 @@ def claim_lines(values: dict[str, pd.DataFrame], claims: tuple[Claim, ...]) -> l
 def _unmeasured(claim: Claim, values: dict[str, pd.DataFrame]) -> str:
     """Why ``claim`` cannot be judged though both its studies ran: the metrics a study's rows do not carry (rows
     carry sampled test metrics only where the study set ``sampled_test_negatives``); "" when every one is there."""
-    gaps = [f"{study} records no {short(metric)}" for metric in claim.metrics
-            for study in (claim.candidate, claim.reference)
-            if metric not in values[study] or values[study][metric].isna().all()]
+    gaps = []
+    for study in (claim.candidate, claim.reference):
+        lacking = [short(metric) for metric in claim.metrics
+                   if metric not in values[study] or values[study][metric].isna().all()]
+        if lacking:
+            gaps.append(f"{study} records no {' or '.join(lacking)}")
     if gaps and any("sampled_" in metric for metric in claim.metrics):
-        gaps.append("a study records sampled test metrics where its file sets sampled_test_negatives")
+        gaps.append("rows carry sampled test metrics where their study ran with sampled_test_negatives")
     return "; ".join(gaps)
 
 
