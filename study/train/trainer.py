@@ -396,25 +396,22 @@ class _Trial:
             best.epochs_without_gain += 1
         return valid
 
-    def _score(self, split_name: str) -> dict[str, float]:
-        """Metrics on one split (``valid`` or ``test``) with the trial's evaluation protocol."""
+    def _score(self, split_name: str, negatives: str | None = None) -> dict[str, float]:
+        """Metrics on one split (``valid`` or ``test``) with the trial's evaluation protocol, or against the
+        negatives stored under ``negatives`` (``sampled_test``)."""
         split = self.data.valid if split_name == "valid" else self.data.test
         train_cfg = self.train_cfg
         # strict: a model that scores targets NaN/inf fails the trial; such an epoch is never selected nor reported
         return evaluate(self.model, split, batch_size=train_cfg.eval_batch_size, device=self.device,
-                        mask_history=train_cfg.mask_history, negatives=self.negatives.get(split_name), strict=True,
-                        trim=train_cfg.trim_padding)
+                        mask_history=train_cfg.mask_history, negatives=self.negatives.get(negatives or split_name),
+                        strict=True, trim=train_cfg.trim_padding)
 
     def _test_scores(self) -> dict[str, float]:
         """The test metrics of the protocol, and against the ``sampled_test_negatives`` where they are set, as
         ``sampled_<metric>`` (rows ``test_sampled_<metric>``)."""
         scores = self._score("test")
-        sampled = self.negatives.get("sampled_test")
-        if sampled is not None:
-            train_cfg = self.train_cfg
-            figures = evaluate(self.model, self.data.test, batch_size=train_cfg.eval_batch_size, device=self.device,
-                               negatives=sampled, strict=True, trim=train_cfg.trim_padding)
-            scores.update({f"sampled_{k}": v for k, v in figures.items()})
+        if "sampled_test" in self.negatives:  # history masking never applies: sampled negatives hold no history item
+            scores.update({f"sampled_{k}": v for k, v in self._score("test", "sampled_test").items()})
         return scores
 
     def _show(self, bar: Any, report: EpochReport, steps_per_epoch: int | None) -> None:
