@@ -10,6 +10,8 @@ Choices:
 - The compact records (:data:`RECORD_FILES`: what the report reads, not the weights, Tune's state or the per-trial
   files) are copied into the campaign's ``records`` folder, which is tracked, and copied back into ``results/`` on a
   fresh clone, so that ``--report-only`` regenerates the page from the repository alone.
+- A study another sweep is still running (its folder's lock has a live holder: a second campaign, say) is reported
+  as far as it got but not recorded, so the tracked records never hold half a run.
 - ``--set`` may change where and how fast a study runs (:data:`RUN_SECTIONS`), never what it measures: the report
   compares studies that must share their protocol.
 """
@@ -30,6 +32,7 @@ import pandas as pd
 from study.analysis.runs import ENVIRONMENT_FILE, HISTORY_FILE, STUDY_FILE, TRIALS_FILE
 from study.campaign.spec import Campaign, Choice
 from study.errors import UserError
+from study.search.lock import in_use_by
 from study.search.records import PARTIAL_HISTORY_SUFFIX
 
 RECORD_FILES = (TRIALS_FILE, HISTORY_FILE, STUDY_FILE, ENVIRONMENT_FILE)
@@ -61,7 +64,13 @@ def check_run_overrides(overrides: list[str]) -> list[str]:
 
 
 def archive_study(folder: Path, records: Path) -> None:
-    """Copy a study's compact records to ``records/<study>/``, replacing what was there."""
+    """Copy a study's compact records to ``records/<study>/``, replacing what was there, unless a sweep is still
+    writing the folder: another campaign or sweep running it would leave the tracked records half a study."""
+    holder = in_use_by(folder)
+    if holder:
+        print(f"{folder.name}: its records are left as they were, since a sweep is still running it ({holder}); "
+              "the campaign that runs it records it when it ends", file=sys.stderr)
+        return
     target = records / folder.name
     target.mkdir(parents=True, exist_ok=True)
     for name in RECORD_FILES:

@@ -69,6 +69,18 @@ def _read_holder(path: Path) -> dict[str, Any]:
         return {}  # being written this instant, or not ours: treated as held
 
 
+def in_use_by(out: Path) -> str | None:
+    """Who holds ``out``'s lock, when a sweep may still be writing the folder (a live holder, one on another host,
+    or one writing its lock this instant); None when nothing does."""
+    path = Path(out) / LOCK_FILE
+    if not path.is_file():
+        return None
+    held = _read_holder(path)
+    if held and stale(held):
+        return None
+    return _describe(held) if held else "a sweep starting this instant"
+
+
 @contextlib.contextmanager
 def study_lock(out: Path, name: str) -> Iterator[None]:
     """Hold ``out``'s lock while the block runs; a folder another live sweep holds is a :class:`UserError`."""
@@ -77,11 +89,11 @@ def study_lock(out: Path, name: str) -> Iterator[None]:
     path = out / LOCK_FILE
     holder = {"host": socket.gethostname(), "pid": os.getpid(), "started_at": time.time()}
     if not _try_create(path, holder):
-        held = _read_holder(path)
-        if not held or not stale(held):
-            who = _describe(held) if held else "a sweep starting this instant"
+        who = in_use_by(out)
+        if who:
             raise UserError(f"{out} is in use by another sweep of study '{name}' ({who}); wait for it to end, or "
                             "stop it, before running this one")
+        held = _read_holder(path)
         print(f"taking over the lock of {out}: its holder ({_describe(held)}) is no longer running", flush=True)
         path.unlink(missing_ok=True)
         if not _try_create(path, holder):

@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -28,6 +31,8 @@ from study.campaign.runner import (
 )
 from study.campaign.spec import load_campaign
 from study.errors import UserError
+from study.layout import LOCK_FILE
+from study.search.lock import study_lock
 from study.spec.yaml_io import StudyConfigError
 
 CAMPAIGN = """\
@@ -179,6 +184,20 @@ def test_recording_again_copies_only_the_records_that_changed(tmp_path: Path) ->
     pd.DataFrame({"status": ["ok"] * 4, "seed": [1, 2, 3, 4]}).to_parquet(folder / "trials.parquet")
     archive_study(folder, records)
     assert finished_seeds(records / folder.name) == 4  # changed: copied again
+
+
+def test_a_study_another_sweep_is_running_is_not_recorded_until_it_ends(tmp_path: Path, capsys) -> None:
+    folder, records = tmp_path / "results" / "toy-small-a", tmp_path / "records"
+    write_study(folder, [1, 2])
+    with study_lock(folder, "toy-small-a"):  # this process stands for the other campaign's sweep
+        archive_study(folder, records)
+    assert not (records / folder.name).exists()
+    assert f"since a sweep is still running it (process {os.getpid()} on" in capsys.readouterr().err
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (folder / LOCK_FILE).write_text(json.dumps({"host": socket.gethostname(), "pid": int(dead.stdout),
+                                                "started_at": time.time() - 60}))
+    archive_study(folder, records)  # a lock left by a killed sweep does not hold the records back
+    assert finished_seeds(records / folder.name) == 2
 
 
 def options(**given) -> object:
