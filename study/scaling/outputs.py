@@ -58,7 +58,32 @@ def write_markdown(frame: Any, summary: Any, claims: list[ClaimResult], study: S
     """scaling.md: the analogue of ELASTIC's Figure 3 as a table, the claims, the cells and the environment."""
     import models
 
-    n = study.compare_length
+    lines = [f"# Scaling study `{study.name}`", "", *_setup_lines(frame, study, env, sequences), "",
+             *_growth_table(summary, study), "", "## Paper claims", ""]
+    if claims:
+        lines += [f"- {result.line}" for result in claims]
+        lines += ["", "The papers measured GPUs (ELASTIC: unspecified; LISA: V100, attention module only; Cotten4Rec: "
+                  "V100, whole training step); these figures are whole models on the device above, so a miss says "
+                  "what this configuration does here, not that the paper is wrong."]
+    else:
+        lines.append("No claims configured.")
+    failed = frame[~frame["status"].isin(("ok", "skipped"))]
+    if len(failed):
+        lines += ["", "## Cells that did not finish", ""]
+        lines += [f"- {row['label']} {row['mode']} N={row['length']} batch {row['batch']}: {row['status']}: "
+                  f"{row['error']}" for _, row in failed.iterrows()]
+    energy = energy_lines(frame)
+    lines += energy
+    unused = sorted(set(models.available()) - {e.model for e in study.models})
+    if unused:
+        lines += ["", f"Registered models not in this grid: {', '.join(unused)}."]
+    lines += ["", "Files: cells.parquet / cells.csv (every cell), summary.csv (this table), memory.*, time.*, "
+              f"{'energy.*, ' if energy else ''}memory_ratio.*, time_ratio.* (PNG + SVG), environment.json.", ""]
+    return "\n".join(lines)
+
+
+def _setup_lines(frame: Any, study: ScalingStudy, env: dict[str, Any], sequences: str) -> list[str]:
+    """What was measured and how: the grid, the sequences, the step timed, the measurement and the machine."""
     hardware = env.get("hardware", {})
     gpus = hardware.get("gpus") or []
     device = ", ".join(g["name"] for g in gpus) if gpus else f"CPU: {hardware.get('cpu_model', '?')}"
@@ -80,9 +105,7 @@ def write_markdown(frame: Any, summary: Any, claims: list[ClaimResult], study: S
                 else f"; load average {loads['start']:g} at the start, {loads['end']:g} at the end")
     objectives = "; ".join(f"{objective} ({', '.join(labels)})" for objective, labels in by_objective.items()) \
         if len(by_objective) > 1 else next(iter(by_objective), "?")
-    lines = [
-        f"# Scaling study `{study.name}`",
-        "",
+    return [
         f"Peak memory and latency against sequence length N ∈ {{{', '.join(map(str, study.lengths))}}}, batch "
         f"{', '.join(study.batch_keys())}, modes {', '.join(study.modes)}; {len(frame)} cells "
         f"({', '.join(f'{v} {k}' for k, v in sorted(counts.items()))}).",
@@ -98,7 +121,13 @@ def write_markdown(frame: Any, summary: Any, claims: list[ClaimResult], study: S
         f"- **Device**: {device}; {hardware.get('cpus_usable', '?')} usable cores; threads per cell "
         f"{int(study.resources['cpu'])}, {run.get('cells_at_a_time', '?')} cell(s) at a time{load}; torch "
         f"{env.get('torch', {}).get('version', '?')}, ray {env.get('packages', {}).get('ray', '?')}.",
-        "",
+    ]
+
+
+def _growth_table(summary: Any, study: ScalingStudy) -> list[str]:
+    """The growth exponents of time and memory in N and each model's ratios to the reference at the compared N."""
+    n = study.compare_length
+    lines = [
         f"## Growth exponents (fit over N ≥ {study.fit_min_length}) and ratios at N = {n} "
         f"(reference: {study.reference})",
         "",
@@ -118,27 +147,7 @@ def write_markdown(frame: Any, summary: Any, claims: list[ClaimResult], study: S
                      f"{memory_fit.describe()} | {format_value(row['time_ms'], ' ms')} | "
                      f"{format_value(row['memory_mb'], ' MB')} | {speedup} | {memory} | {expectation(row)} | "
                      f"{row['failures'] or ''} |")
-    lines += ["", "## Paper claims", ""]
-    if claims:
-        lines += [f"- {result.line}" for result in claims]
-        lines += ["", "The papers measured GPUs (ELASTIC: unspecified; LISA: V100, attention module only; Cotten4Rec: "
-                  "V100, whole training step); these figures are whole models on the device above, so a miss says "
-                  "what this configuration does here, not that the paper is wrong."]
-    else:
-        lines.append("No claims configured.")
-    failed = frame[~frame["status"].isin(("ok", "skipped"))]
-    if len(failed):
-        lines += ["", "## Cells that did not finish", ""]
-        lines += [f"- {row['label']} {row['mode']} N={row['length']} batch {row['batch']}: {row['status']}: "
-                  f"{row['error']}" for _, row in failed.iterrows()]
-    energy = energy_lines(frame)
-    lines += energy
-    unused = sorted(set(models.available()) - {e.model for e in study.models})
-    if unused:
-        lines += ["", f"Registered models not in this grid: {', '.join(unused)}."]
-    lines += ["", "Files: cells.parquet / cells.csv (every cell), summary.csv (this table), memory.*, time.*, "
-              f"{'energy.*, ' if energy else ''}memory_ratio.*, time_ratio.* (PNG + SVG), environment.json.", ""]
-    return "\n".join(lines)
+    return lines
 
 
 def energy_lines(frame: Any) -> list[str]:
