@@ -296,7 +296,7 @@ def prepared_ml100k(args: argparse.Namespace) -> Path:
     return prepare("ml-100k", source=args.source, max_len=max(args.max_len, 200), progress=False)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.speed", description=__doc__.split("\n")[0])
     parser.add_argument("--source", help="ml-100k source (folder with ml-100k.inter or u.data); default: download")
     parser.add_argument("--max-len", type=int, default=200)
@@ -318,6 +318,59 @@ def main(argv: list[str] | None = None) -> int:
                         help="also time ours with the attention mask rebuilt in every layer, as before")
     parser.add_argument("--profile", action="store_true",
                         help="also print where each in-process row's step time goes, by operator")
+    return parser
+
+
+def timed_rows(data: TrialData, args: argparse.Namespace) -> tuple[list[Row], float | None]:
+    """Every in-process row, warmed up and timed for ``args.rounds`` rounds; the compile time when asked for."""
+    def row(label: str, made: tuple, steps: int = args.steps) -> Row:
+        return Row(label, *made, data, args.batch_size, steps, args.seed, args.device)
+
+    rows = [row("ours", our_step(data, args)), row("plain", plain_step(data, args)),
+            row("ours, pmixer's config (bce, d=50, 1 head)", our_step(data, args, pmixer_config=True))]
+    if args.device.type == "cuda":
+        rows.insert(1, row("ours, bf16 autocast", our_step(data, args, precision="bf16")))
+    if args.before:
+        rows.insert(1, row("ours, before (one mask per layer)", before_step(data, args)))
+    compile_s = None
+    if args.compile:
+        compiled = row("ours, compiled", our_step(data, args, compile_model=True), steps=1)
+        start = time.perf_counter()
+        compiled.run(record=False)  # the first step compiles
+        compile_s = time.perf_counter() - start
+        compiled.steps = args.steps or compiled.steps_per_epoch
+        rows.append(compiled)
+    for timed in rows:
+        timed.run(record=False)  # warm-up: allocator, lazy initialisation, oneDNN primitive caches
+    for round_index in range(args.rounds):
+        for timed in rows:
+            timed.run()
+        print(f"round {round_index + 1}: " + ", ".join(f"{r.label} {r.times[-1]:.2f} s" for r in rows)
+              + f"; {load_text()}", flush=True)
+    return rows, compile_s
+
+
+def print_table(rows: list[Row], pmixer_times: list[float] | None, peak: float) -> None:
+    """The median epoch of each row, relative to ours, with its FLOP rate against the measured peak."""
+    ours = statistics.median(rows[0].times)
+    print("\n| implementation | s/epoch | relative to ours | GFLOP/step | GFLOP/s | % of peak |")
+    print("|---|---|---|---|---|---|")
+    for row in rows:
+        seconds = statistics.median(row.times)
+        rate = row.gflop_per_step * row.steps_per_epoch / seconds
+        print(f"| {row.label} | {seconds:.2f} | {seconds / ours:.2f}× | {row.gflop_per_step:.1f} | {rate:.1f} | "
+              f"{100 * rate / peak:.1f} |")
+    if pmixer_times:
+        seconds = statistics.median(pmixer_times)
+        like_pmixer = next(row for row in rows if "pmixer" in row.label)  # its matrix sizes are pmixer's
+        pmixer_gflop = like_pmixer.gflop_per_step
+        rate = pmixer_gflop * like_pmixer.steps_per_epoch / seconds
+        print(f"| pmixer SASRec.pytorch (bce, d=50, 1 head) | {seconds:.2f} | {seconds / ours:.2f}× | "
+              f"{pmixer_gflop:.1f} | {rate:.1f} | {100 * rate / peak:.1f} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.profile and args.device.type != "cpu":
         parser.error("--profile reads CPU operator times: use it with --device cpu")
@@ -334,31 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     if on_gpu:
         print(f"measured bf16 peak: {matmul_peak_gflops(args.threads, args.device, torch.bfloat16):.1f} GFLOP/s",
               flush=True)
-
-    def row(label: str, made: tuple, steps: int = args.steps) -> Row:
-        return Row(label, *made, data, args.batch_size, steps, args.seed, args.device)
-
-    rows = [row("ours", our_step(data, args)), row("plain", plain_step(data, args)),
-            row("ours, pmixer's config (bce, d=50, 1 head)", our_step(data, args, pmixer_config=True))]
-    if on_gpu:
-        rows.insert(1, row("ours, bf16 autocast", our_step(data, args, precision="bf16")))
-    if args.before:
-        rows.insert(1, row("ours, before (one mask per layer)", before_step(data, args)))
-    compile_s = None
-    if args.compile:
-        compiled = row("ours, compiled", our_step(data, args, compile_model=True), steps=1)
-        start = time.perf_counter()
-        compiled.run(record=False)  # the first step compiles
-        compile_s = time.perf_counter() - start
-        compiled.steps = args.steps or compiled.steps_per_epoch
-        rows.append(compiled)
-    for row in rows:
-        row.run(record=False)  # warm-up: allocator, lazy initialisation, oneDNN primitive caches
-    for round_index in range(args.rounds):
-        for row in rows:
-            row.run()
-        print(f"round {round_index + 1}: " + ", ".join(f"{r.label} {r.times[-1]:.2f} s" for r in rows)
-              + f"; {load_text()}", flush=True)
+    rows, compile_s = timed_rows(data, args)
 
     pmixer_times = None
     if args.pmixer:
@@ -369,22 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     # larger of the two is the closer estimate of what this share of the CPU can do
     peak_after = matmul_peak_gflops(args.threads, args.device)
     print(f"measured peak again: {peak_after:.1f} GFLOP/s; {load_text()}", flush=True)
-    peak = max(peak, peak_after)
-    ours = statistics.median(rows[0].times)
-    print("\n| implementation | s/epoch | relative to ours | GFLOP/step | GFLOP/s | % of peak |")
-    print("|---|---|---|---|---|---|")
-    for row in rows:
-        seconds = statistics.median(row.times)
-        rate = row.gflop_per_step * row.steps_per_epoch / seconds
-        print(f"| {row.label} | {seconds:.2f} | {seconds / ours:.2f}× | {row.gflop_per_step:.1f} | {rate:.1f} | "
-              f"{100 * rate / peak:.1f} |")
-    if pmixer_times:
-        seconds = statistics.median(pmixer_times)
-        like_pmixer = next(row for row in rows if "pmixer" in row.label)  # its matrix sizes are pmixer's
-        pmixer_gflop = like_pmixer.gflop_per_step
-        rate = pmixer_gflop * like_pmixer.steps_per_epoch / seconds
-        print(f"| pmixer SASRec.pytorch (bce, d=50, 1 head) | {seconds:.2f} | {seconds / ours:.2f}× | "
-              f"{pmixer_gflop:.1f} | {rate:.1f} | {100 * rate / peak:.1f} |")
+    print_table(rows, pmixer_times, max(peak, peak_after))
     if args.profile:
         print()
         for row in rows:
