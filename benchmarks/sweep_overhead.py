@@ -36,6 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from study.search.records import read_records  # noqa: E402
+from study.spec.resolved import Study  # noqa: E402
 from study.spec.study_file import resolve  # noqa: E402
 
 
@@ -79,25 +80,10 @@ def recorder_cost(trials: int, epochs: int) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trials", type=int, default=8)
-    parser.add_argument("--epochs", type=int, default=6)
-    parser.add_argument("--dataset", default="synthetic")
-    parser.add_argument("--source", default=None)
-    parser.add_argument("--num-cpus", type=int, default=2)
-    parser.add_argument("--measure", action="store_true", help="include the per-trial efficiency probe")
-    parser.add_argument("--json", type=Path, help="also write the figures here")
-    parser.add_argument("--recorder-trials", type=int, default=0, help="time the recorder alone over N trials")
-    args = parser.parse_args(argv)
-    if args.recorder_trials:
-        return recorder_cost(args.recorder_trials, args.epochs)
-
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's classic output is silent at verbose 0
-    work = Path(tempfile.mkdtemp(prefix="sweep-overhead-"))
-    os.environ.setdefault("SEQREC_DATA", str(work / "cache"))
+def overhead_study(args: argparse.Namespace, work: Path) -> Study:
+    """The measured sweep: small SASRec trials on the chosen dataset, two at a time, no early stopping."""
     options = {"users": 1000, "items": 2000, "length": 40} if args.dataset == "synthetic" else {}
-    study = resolve({
+    return resolve({
         "name": "overhead",
         "model": "sasrec",
         "dataset": {"name": args.dataset, "source": args.source, "options": options},
@@ -109,13 +95,11 @@ def main(argv: list[str] | None = None) -> int:
         "resources": {"cpu": 1, "max_concurrent": 2},
         "storage": str(work / "results"),
     })
-    from study.search.runner import run_study
 
-    started = time.time()
-    outcome = run_study(study, num_cpus=args.num_cpus, quiet=True)
-    total_wall = time.time() - started
-    records = [r for r in read_records(study.storage / "trials").values() if r["status"] == "ok"]
 
+def overhead_figures(records: list[dict], outcome: dict, total_wall: float) -> dict:
+    """Where the sweep's wall time went: trial compute, the gaps between an actor's trials, start-up and
+    the tail."""
     compute = [r["last_report"]["trial_compute_s"] for r in records]
     epochs = [r["last_report"]["wall_time_s"] for r in records]  # run_trial's own clock: the epochs
     concurrency = 2
@@ -155,6 +139,34 @@ def main(argv: list[str] | None = None) -> int:
         "tail_s": round(fit_end - last_end, 2),  # the last trial's end to Tuner.fit() returning
         "load_average_1m": round(os.getloadavg()[0], 2),
     }
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trials", type=int, default=8)
+    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--dataset", default="synthetic")
+    parser.add_argument("--source", default=None)
+    parser.add_argument("--num-cpus", type=int, default=2)
+    parser.add_argument("--measure", action="store_true", help="include the per-trial efficiency probe")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--recorder-trials", type=int, default=0, help="time the recorder alone over N trials")
+    args = parser.parse_args(argv)
+    if args.recorder_trials:
+        return recorder_cost(args.recorder_trials, args.epochs)
+
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's classic output is silent at verbose 0
+    work = Path(tempfile.mkdtemp(prefix="sweep-overhead-"))
+    os.environ.setdefault("SEQREC_DATA", str(work / "cache"))
+    from study.search.runner import run_study
+
+    study = overhead_study(args, work)
+    started = time.time()
+    outcome = run_study(study, num_cpus=args.num_cpus, quiet=True)
+    total_wall = time.time() - started
+    records = [r for r in read_records(study.storage / "trials").values() if r["status"] == "ok"]
+    figures = overhead_figures(records, outcome, total_wall)
     for key, value in figures.items():
         print(f"{key:>24}: {value}")
     ok_startup = figures["warm_startup_s_median"] is not None and figures["warm_startup_s_median"] <= 1.0
