@@ -171,6 +171,28 @@ def _time_epochs(size: int, cache: Path, env: dict[str, str], max_gb: float) -> 
     return found
 
 
+def print_tables(rows: list[tuple], epochs: list[tuple]) -> None:
+    """The preparation table (one row per size and engine), then the epoch table when epochs were timed."""
+    print(f"{'target':>8} {'interactions':>13} {'engine':<8} {'prepare s':>9} {'peak PSS GB':>11} "
+          f"{'peak RSS GB':>11} {'gen s':>6}  status")
+    for size, interactions, engine, result, generated, status in rows:
+        count = f"{interactions:,}" if interactions else "-"
+        target = f"{size / 1e6:g}M" if size else "-"
+        print(f"{target:>8} {count:>13} {engine:<8} {result['seconds']:>9.1f} {result['pss'] / 2**30:>11.2f} "
+              f"{result['rss'] / 2**30:>11.2f} {generated:>6.1f}  {status}")
+    if epochs:
+        print(f"\n{'target':>8} {'epoch':<7} {'windows':>10} {'load s':>7} {'epoch s':>8} {'windows/s':>10} "
+              f"{'peak PSS GB':>11}  status")
+        for size, mode, result, figures, status in epochs:
+            if figures:
+                print(f"{size / 1e6:>7g}M {mode:<7} {figures['windows']:>10,} {figures['load_s']:>7.1f} "
+                      f"{figures['epoch_s']:>8.1f} {figures['windows'] / figures['epoch_s']:>10,.0f} "
+                      f"{result['pss'] / 2**30:>11.2f}  {status}")
+            else:
+                print(f"{size / 1e6:>7g}M {mode:<7} {'-':>10} {'-':>7} {'-':>8} {'-':>10} "
+                      f"{result['pss'] / 2**30:>11.2f}  {status}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.data_scale", description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="1M,10M", help="interactions per dataset, comma-separated (1M,10M,50M)")
@@ -236,24 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
 
-    print(f"{'target':>8} {'interactions':>13} {'engine':<8} {'prepare s':>9} {'peak PSS GB':>11} "
-          f"{'peak RSS GB':>11} {'gen s':>6}  status")
-    for size, interactions, engine, result, generated, status in rows:
-        count = f"{interactions:,}" if interactions else "-"
-        target = f"{size / 1e6:g}M" if size else "-"
-        print(f"{target:>8} {count:>13} {engine:<8} {result['seconds']:>9.1f} {result['pss'] / 2**30:>11.2f} "
-              f"{result['rss'] / 2**30:>11.2f} {generated:>6.1f}  {status}")
-    if epochs:
-        print(f"\n{'target':>8} {'epoch':<7} {'windows':>10} {'load s':>7} {'epoch s':>8} {'windows/s':>10} "
-              f"{'peak PSS GB':>11}  status")
-        for size, mode, result, figures, status in epochs:
-            if figures:
-                print(f"{size / 1e6:>7g}M {mode:<7} {figures['windows']:>10,} {figures['load_s']:>7.1f} "
-                      f"{figures['epoch_s']:>8.1f} {figures['windows'] / figures['epoch_s']:>10,.0f} "
-                      f"{result['pss'] / 2**30:>11.2f}  {status}")
-            else:
-                print(f"{size / 1e6:>7g}M {mode:<7} {'-':>10} {'-':>7} {'-':>8} {'-':>10} "
-                      f"{result['pss'] / 2**30:>11.2f}  {status}")
+    print_tables(rows, epochs)
     return 0
 
 
