@@ -1,13 +1,14 @@
 """Run a campaign file's studies resumably, then write its page.
 
     python -m study.campaign CAMPAIGN.yaml [--report-only] [--datasets KEY ...] [--studies NAME ...]
-        [--set KEY=VALUE ...] [--num-cpus N] [--data-root DIR] [--quick] [--progress-every SECONDS]
+        [--rerun NAME ...] [--set KEY=VALUE ...] [--num-cpus N] [--data-root DIR] [--quick] [--progress-every SECONDS]
 
 For each dataset of the campaign, in the file's order:
 
 1. each of its studies that ``--datasets`` and ``--studies`` select runs with ``python -m study.sweep``, in the
    order ``--studies`` names them (put the cheap ones first): skipped when its folder holds every seed, resumed
-   when it holds an unfinished run (:mod:`study.campaign.runner`);
+   when it holds an unfinished run, run once more from scratch when ``--rerun`` names it
+   (:mod:`study.campaign.runner`);
 2. ``python -m study.report`` over the dataset's compared studies writes the full report (tests, effect sizes,
    Pareto plots) into the campaign's ``reports/<dataset>/``;
 3. the page's part between its ``generated`` markers is rewritten (:mod:`study.campaign.page`).
@@ -51,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("campaign", type=Path, help="the campaign file (YAML; see docs/campaigns.md)")
     parser.add_argument("--datasets", nargs="+", help="the datasets to run studies on (default: every one)")
     parser.add_argument("--studies", nargs="+", help="the studies to run, in this order (default: every one)")
+    parser.add_argument("--rerun", nargs="+", default=[], metavar="STUDY",
+                        help="run these studies once more from scratch, their earlier folders kept as "
+                             "results/<name>.replaced-<time>/ (default --studies: these)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="a study-file override for every sweep, under resources, checkpoint or storage only "
                              "(e.g. resources.gpu=0.2: five seeds share one GPU)")
@@ -86,12 +90,18 @@ def main(argv: list[str] | None = None) -> int:
 def resolve_options(campaign: Campaign, options: argparse.Namespace) -> None:
     """Check the selections and overrides against the campaign, and resolve each dataset's source path."""
     for flag, chosen, known in (("--datasets", options.datasets, campaign.datasets),
-                                ("--studies", options.studies, campaign.all_studies())):
+                                ("--studies", options.studies, campaign.all_studies()),
+                                ("--rerun", options.rerun, campaign.all_studies())):
         unknown = [name for name in chosen or () if name not in known]
         if unknown:
             raise UserError(f"{flag} {', '.join(unknown)}: not in {campaign.source} (it has {', '.join(known)})")
+    unselected = [name for name in options.rerun if options.studies and name not in options.studies]
+    if unselected:
+        raise UserError(f"--rerun {', '.join(unselected)}: not among --studies {' '.join(options.studies)}")
+    if options.rerun and (options.report_only or options.quick):
+        raise UserError("--rerun runs studies: it goes without --report-only and --quick")
     options.datasets = options.datasets or list(campaign.datasets)
-    options.studies = options.studies or list(campaign.all_studies())
+    options.studies = options.studies or options.rerun or list(campaign.all_studies())
     check_run_overrides(options.overrides)
     root = data_root(options.data_root)
     options.sources = {key: root / d.source if root and d.source else None for key, d in campaign.datasets.items()}

@@ -6,7 +6,11 @@ Choices:
   study, and one study's failure or memory does not reach the next.
 - A study whose folder holds every seed is skipped; one with Tune's state is resumed (``--resume``). A study restored
   from the records in part (its run was lost before every seed finished) is reported with the seeds it has and not
-  resumed, since Tune's state did not travel with it: move its folder aside to rerun it whole.
+  resumed, since Tune's state did not travel with it: ``--rerun`` runs it whole.
+- ``--rerun`` runs a study once more from scratch (a study file changed since it ran, say). Its earlier folder is
+  kept as ``results/<name>.replaced-<UTC time>/``; while that folder exists the new run is the one the command
+  continues, so after Ctrl-C the same command resumes it rather than starting a third, and the earlier run's records
+  are not restored over it. Its records are replaced once the new run has finished seeds.
 - The compact records (:data:`RECORD_FILES`: what the report reads, not the weights, Tune's state or the per-trial
   files) are copied into the campaign's ``records`` folder, which is tracked, and copied back into ``results/`` on a
   fresh clone, so that ``--report-only`` regenerates the page from the repository alone.
@@ -38,6 +42,7 @@ from study.search.records import PARTIAL_HISTORY_SUFFIX
 RECORD_FILES = (TRIALS_FILE, HISTORY_FILE, STUDY_FILE, ENVIRONMENT_FILE)
 RUN_SECTIONS = ("resources", "checkpoint", "storage")  # what a campaign's --set may change
 QUICK_SEEDS = 2
+REPLACED_SUFFIX = ".replaced-"  # results/<name>.replaced-<UTC time>/: a run --rerun set aside
 
 
 def results_dir() -> Path:
@@ -89,13 +94,37 @@ def _same_file(source: Path, kept: Path) -> bool:
 
 
 def restore_records(records: Path, results: Path, prefix: str) -> list[str]:
-    """Copy every recorded study of the campaign that ``results`` lacks into it; the names restored."""
+    """Copy every recorded study of the campaign that ``results`` lacks into it, but for one being rerun (its earlier
+    run set aside); the names restored."""
     restored = []
     for source in sorted(p for p in records.glob(f"{prefix}-*") if (p / TRIALS_FILE).is_file()):
-        if not (results / source.name).exists():
+        if not (results / source.name).exists() and not replaced_runs(results / source.name):
             shutil.copytree(source, results / source.name)
             restored.append(source.name)
     return restored
+
+
+def replaced_runs(folder: Path) -> list[Path]:
+    """The earlier runs of a study that ``--rerun`` set aside, oldest first."""
+    return sorted(folder.parent.glob(f"{folder.name}{REPLACED_SUFFIX}*"))
+
+
+def set_aside(folder: Path) -> None:
+    """For ``--rerun``: move ``folder`` to ``<name>.replaced-<UTC time>`` so that the study runs from scratch,
+    unless an earlier ``--rerun`` already did (this folder is then the new run, to continue)."""
+    if not folder.exists():
+        return
+    earlier = replaced_runs(folder)
+    if earlier:
+        print(f"{folder.name}: already rerun (the run before is in {earlier[-1].name}); continuing the new run. "
+              "Delete that folder to rerun the study again", flush=True)
+        return
+    holder = in_use_by(folder)
+    if holder:
+        raise UserError(f"--rerun {folder.name}: a sweep is still running it ({holder}); stop it first")
+    target = folder.with_name(f"{folder.name}{REPLACED_SUFFIX}{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+    folder.rename(target)
+    print(f"{folder.name}: running again from scratch (--rerun); the earlier run is kept in {target}", flush=True)
 
 
 def sweep_overrides(campaign: Campaign, dataset: str, study: str, source: Path | None, quick: bool,
@@ -134,16 +163,19 @@ def progress_line(folder: Path, seeds: int) -> str:
 def run_study(campaign: Campaign, dataset: str, study: str, options) -> Path | None:
     """Run (or resume, or skip) one study; its results folder, or None when its sweep failed.
 
-    ``options`` carries the command's ``quick``, ``overrides``, ``num_cpus``, ``progress_every`` and ``sources``.
+    ``options`` carries the command's ``quick``, ``rerun``, ``overrides``, ``num_cpus``, ``progress_every`` and
+    ``sources``.
     """
     folder = results_dir() / campaign.study_name(dataset, study, options.quick)
     seeds = QUICK_SEEDS if options.quick else campaign.seeds
+    if study in options.rerun:
+        set_aside(folder)
     if finished_seeds(folder) >= seeds:
         print(f"{folder.name}: done ({seeds} seeds)", flush=True)
         return folder
     if (folder / TRIALS_FILE).is_file() and not (folder / "tune").is_dir():
         print(f"{folder.name}: holds {finished_seeds(folder)} of {seeds} seeds but no Tune state to resume them "
-              f"(restored from the campaign's records?); reported as it is. Move the folder aside to rerun it whole",
+              f"(restored from the campaign's records?); reported as it is. --rerun {study} runs it whole",
               file=sys.stderr)
         return folder
     command = [sys.executable, "-m", "study.sweep", str(campaign.study_file(study)), "--quiet"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -203,7 +204,7 @@ def test_a_study_another_sweep_is_running_is_not_recorded_until_it_ends(tmp_path
 def options(**given) -> object:
     from types import SimpleNamespace
 
-    defaults = {"quick": False, "overrides": [], "num_cpus": None, "progress_every": 600, "sources": {}}
+    defaults = {"quick": False, "rerun": [], "overrides": [], "num_cpus": None, "progress_every": 600, "sources": {}}
     return SimpleNamespace(**{**defaults, **given})
 
 
@@ -216,6 +217,53 @@ def test_a_study_restored_in_part_is_reported_as_it_is_and_not_resumed(campaign_
     assert "holds 2 of 3 seeds but no Tune state" in capsys.readouterr().err
     write_study(Path("results/toy-small-c"), [1, 2, 3])
     assert run_study(load_campaign(campaign_file), "small", "c", options()).name == "toy-small-c"  # done
+
+
+class FinishedSweep:
+    """A sweep that writes its study's three seeds and ends; records the command it was started with."""
+
+    def __init__(self, command: list[str], folder: Path) -> None:
+        self.command, self.returncode = command, 0
+        write_study(folder, [1, 2, 3], ndcg=0.07)
+
+    def wait(self, timeout: float | None = None) -> int:
+        return 0
+
+
+def test_rerun_runs_a_finished_study_again_once_and_keeps_the_earlier_run(campaign_file: Path, monkeypatch,
+                                                                          capsys) -> None:
+    folder, records = Path.cwd() / "results" / "toy-small-c", campaign_file.parent / "runs"
+    write_study(folder, [1, 2, 3])
+    archive_study(folder, records)
+    sweeps: list[FinishedSweep] = []
+    monkeypatch.setattr(runner.subprocess, "Popen", lambda command: sweeps.append(FinishedSweep(command, folder))
+                        or sweeps[-1])
+    rerun = [str(campaign_file), "--datasets", "small", "--rerun", "c"]
+    assert main(rerun) == 0
+    [sweep] = sweeps
+    assert "--resume" not in sweep.command  # from scratch, in a new folder
+    [earlier] = folder.parent.glob("toy-small-c.replaced-*")
+    assert (earlier / "models" / "model.pt").is_file()  # the earlier run is kept whole, weights too
+    assert pd.read_parquet(records / folder.name / "trials.parquet")["test_ndcg@10"].eq(0.07).all()  # replaced
+    assert "running again from scratch (--rerun); the earlier run is kept in" in capsys.readouterr().out
+    assert main(rerun) == 0  # the same command again continues the new run: it is done, nothing runs
+    assert len(sweeps) == 1 and "already rerun" in capsys.readouterr().out
+    shutil.rmtree(folder)  # a fresh clone of the repository: the earlier run's records are not restored over it
+    assert restore_records(records, folder.parent, "toy") == []
+
+
+def test_rerun_is_refused_where_it_cannot_mean_what_it_says(campaign_file: Path, capsys) -> None:
+    for argv, message in ((["--rerun", "z"], "--rerun z: not in"),
+                          (["--studies", "a", "--rerun", "c"], "--rerun c: not among --studies a"),
+                          (["--rerun", "c", "--report-only"], "--rerun runs studies")):
+        assert main([str(campaign_file), *argv]) == 2
+        assert message in capsys.readouterr().err
+    folder = Path.cwd() / "results" / "toy-small-c"
+    write_study(folder, [1, 2, 3])
+    with study_lock(folder, "toy-small-c"):  # another campaign is running it
+        assert main([str(campaign_file), "--datasets", "small", "--rerun", "c"]) == 2
+    assert "--rerun toy-small-c: a sweep is still running it" in capsys.readouterr().err
+    assert not list(folder.parent.glob("*.replaced-*"))
 
 
 def test_studies_run_in_the_order_given_and_only_where_they_belong(campaign_file: Path, monkeypatch) -> None:
