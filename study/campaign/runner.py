@@ -23,6 +23,7 @@ Choices:
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import signal
 import statistics
@@ -160,6 +161,38 @@ def progress_line(folder: Path, seeds: int) -> str:
             + (f"; running: {'; '.join(running)}" if running else ""))
 
 
+def changed_settings(folder: Path, study_file: Path, overrides: list[str]) -> list[str]:
+    """The fixed and protocol settings of ``study_file`` (with the sweep's ``overrides``) that the finished runs in
+    ``folder`` ran with another value, as ``key VALUE (ran OTHER)``. Rows are read as today's keys mean them
+    (:func:`study.analysis.runs.upgrade_rows`), so a setting added after they ran counts with what they ran; a file
+    that no longer resolves is left to the sweep to report."""
+    from study.analysis.runs import parse_config, upgrade_rows
+    from study.spec.study_file import load_study
+    from study.spec.yaml_io import StudyConfigError
+
+    rows = pd.read_parquet(folder / TRIALS_FILE)
+    if "config" not in rows:
+        return []
+    try:
+        wanted = load_study(study_file, overrides, check_machine=False).to_dict()
+    except StudyConfigError:
+        return []
+    settings = {**(wanted.get("fixed") or {}), **(wanted.get("protocol") or {})}
+    changed = set()  # "auto" (the objective, the device) is decided when a run starts: its rows hold the outcome
+    for config in upgrade_rows(rows[rows["status"] == "ok"])["config"]:
+        ran = parse_config(config)
+        changed |= {f"{key} {value} (ran {ran[key]})" for key, value in settings.items()
+                    if key in ran and value != "auto" and not _same_setting(ran[key], value)}
+    return sorted(changed)
+
+
+def _same_setting(ran: object, wanted: object) -> bool:
+    """Whether a recorded setting equals the study file's: numbers by value (a row's 1e-3 is the file's 0.001)."""
+    if isinstance(ran, (int, float)) and isinstance(wanted, (int, float)) and not isinstance(ran, bool):
+        return math.isclose(ran, wanted, rel_tol=1e-9, abs_tol=0.0)
+    return ran == wanted
+
+
 def run_study(campaign: Campaign, dataset: str, study: str, options) -> Path | None:
     """Run (or resume, or skip) one study; its results folder, or None when its sweep failed.
 
@@ -172,6 +205,11 @@ def run_study(campaign: Campaign, dataset: str, study: str, options) -> Path | N
         set_aside(folder)
     if finished_seeds(folder) >= seeds:
         print(f"{folder.name}: done ({seeds} seeds)", flush=True)
+        overrides = sweep_overrides(campaign, dataset, study, options.sources.get(dataset), options.quick)
+        changed = changed_settings(folder, campaign.study_file(study), overrides)
+        if changed:
+            print(f"{folder.name}: its study file has changed since it ran ({'; '.join(changed)}), so its results are "
+                  f"the earlier settings'. --rerun {study} runs it again", file=sys.stderr)
         return folder
     if (folder / TRIALS_FILE).is_file() and not (folder / "tune").is_dir():
         print(f"{folder.name}: holds {finished_seeds(folder)} of {seeds} seeds but no Tune state to resume them "

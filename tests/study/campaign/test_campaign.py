@@ -252,6 +252,35 @@ def test_rerun_runs_a_finished_study_again_once_and_keeps_the_earlier_run(campai
     assert restore_records(records, folder.parent, "toy") == []
 
 
+SASREC_STUDY = """\
+name: c
+model: sasrec
+dataset: {name: ml-100k}
+protocol: {objective: auto, eval_mode: full, sampled_test_negatives: 0}
+fixed: {max_len: 50, lr: 1.0e-3, patience: 10}
+search: {seed: {grid: [1, 2, 3]}}
+"""
+
+
+def test_a_finished_study_whose_file_changed_since_it_ran_says_so_and_how_to_rerun(campaign_file: Path, monkeypatch,
+                                                                                   capsys) -> None:
+    folder = Path.cwd() / "results" / "toy-small-c"
+    write_study(folder, [1, 2, 3])
+    ran = {"objective": "bce", "eval_mode": "full", "max_len": 50, "lr": 0.001, "patience": 10}  # schema 3: it
+    rows = pd.read_parquet(folder / "trials.parquet")  # ran before sampled_test_negatives existed, so with 0
+    rows.assign(model="sasrec", schema=3, config=json.dumps(ran)).to_parquet(folder / "trials.parquet")
+    study_file = campaign_file.parent / "c.yaml"
+    study_file.write_text(SASREC_STUDY)
+    monkeypatch.setattr(runner.subprocess, "Popen", lambda *a, **k: pytest.fail("a sweep was started"))
+    run_study(load_campaign(campaign_file), "small", "c", options())
+    assert capsys.readouterr().err == ""  # "auto" became bce, 1.0e-3 is 0.001, and the added setting ran 0
+    study_file.write_text(SASREC_STUDY.replace("sampled_test_negatives: 0", "sampled_test_negatives: 100")
+                          .replace("patience: 10", "patience: 50"))
+    run_study(load_campaign(campaign_file), "small", "c", options())
+    assert ("its study file has changed since it ran (patience 50 (ran 10); sampled_test_negatives 100 (ran 0)), "
+            "so its results are the earlier settings'. --rerun c runs it again") in capsys.readouterr().err
+
+
 def test_rerun_is_refused_where_it_cannot_mean_what_it_says(campaign_file: Path, capsys) -> None:
     for argv, message in ((["--rerun", "z"], "--rerun z: not in"),
                           (["--studies", "a", "--rerun", "c"], "--rerun c: not among --studies a"),
