@@ -31,6 +31,9 @@ from study.errors import UserError
 
 LOCAL, AUTO = "local", "auto"
 CLIENT_ATTEMPTS = 3
+# Ray gives a new local node a fixed 30 s to register its raylet; on cores other work keeps busy that may not be
+# enough, and the same start a little later usually is
+LOCAL_ATTEMPTS = 3
 DASHBOARD_HOST, DASHBOARD_PORT = "127.0.0.1", 8265
 # Trials share cores: OpenMP threads that spin while waiting steal them from the neighbouring trial (~10x slower).
 WORKER_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
@@ -134,21 +137,38 @@ def start_ray(address: str = LOCAL, *, dashboard: bool = False, num_cpus: int | 
         kwargs.update(address=address)
     # Ray Client's server forks a server per connection, which now and then dies at start-up (seen on loopback
     # when connections follow each other closely); a second attempt gets a fresh one
-    attempts = CLIENT_ATTEMPTS if is_client(address) else 1
+    attempts = CLIENT_ATTEMPTS if is_client(address) else LOCAL_ATTEMPTS if address == LOCAL else 1
     for attempt in range(1, attempts + 1):
         try:
             context = ray.init(**kwargs)
             break
-        except ConnectionError as error:
+        except Exception as error:
+            if not (isinstance(error, ConnectionError) or (address == LOCAL and _start_timed_out(error))):
+                raise
             if attempt == attempts:
-                raise UserError(f"cannot reach the Ray cluster at {address}: {error}") from None
-            print(f"connecting to {address} failed ({str(error).strip().splitlines()[-1]}); retrying",
-                  file=sys.stderr)
-            ray.shutdown()  # drop the half-made connection
+                raise UserError(_start_failure(address, error, attempts)) from None
+            what = "starting Ray here" if address == LOCAL else f"connecting to {address}"
+            print(f"{what} failed ({str(error).strip().splitlines()[-1]}); retrying", file=sys.stderr)
+            ray.shutdown()  # drop the half-made connection, or the half-started node's processes
             time.sleep(2.0 * attempt)
     if dashboard:
         _print_dashboard(context, address)
     return True
+
+
+def _start_timed_out(error: Exception) -> bool:
+    """Whether ``ray.init`` gave up on a local node whose raylet did not register in time (Ray raises a bare
+    ``Exception`` for it, so its message is what tells it apart)."""
+    return "timed out during startup" in str(error)
+
+
+def _start_failure(address: str, error: Exception, attempts: int) -> str:
+    if address != LOCAL:
+        return f"cannot reach the Ray cluster at {address}: {error}"
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (f"Ray's local node did not start, {attempts} times ({str(error).strip().splitlines()[0]}); with a load "
+            f"average of {load:.1f} on {os.cpu_count()} CPUs the machine is too busy for it: run again when other "
+            "work has finished")
 
 
 def _print_dashboard(context: Any, address: str) -> None:

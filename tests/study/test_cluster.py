@@ -82,6 +82,50 @@ def test_ray_client_retries_a_connection_its_server_failed_to_start(monkeypatch:
     assert calls == ["127.0.0.1:6379"]  # a GCS address is not retried: ray.init waits for the GCS on its own
 
 
+TIMED_OUT = ("The current node timed out during startup. This could happen because some of the raylet failed to "
+             "startup or the GCS has become overloaded.")  # Ray's own words, raised as a bare Exception
+
+
+def test_a_local_ray_that_a_busy_machine_kept_from_starting_is_started_again(monkeypatch: pytest.MonkeyPatch,
+                                                                           capsys: pytest.CaptureFixture) -> None:
+    import ray
+
+    from study import cluster
+
+    calls, shutdowns = [], []
+
+    def init(**kwargs):
+        calls.append(kwargs["address"])
+        if len(calls) == 1:
+            raise Exception(TIMED_OUT)
+        return None
+
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "shutdown", lambda: shutdowns.append(1))
+    monkeypatch.setattr(cluster.time, "sleep", lambda seconds: None)
+    assert cluster.start_ray("local", num_cpus=2, quiet=True)
+    assert calls == ["local", "local"] and shutdowns == [1]  # the half-started node's processes are stopped first
+    assert "starting Ray here failed (The current node timed out during startup." in capsys.readouterr().err
+
+    def failing(error: Exception):
+        def init(**kwargs):
+            calls.append(kwargs["address"])
+            raise error
+        return init
+
+    calls.clear()
+    monkeypatch.setattr(ray, "init", failing(Exception(TIMED_OUT)))
+    with pytest.raises(UserError, match="Ray's local node did not start, 3 times .*the machine is too busy"):
+        cluster.start_ray("local", num_cpus=2, quiet=True)
+    assert len(calls) == cluster.LOCAL_ATTEMPTS
+
+    calls.clear()
+    monkeypatch.setattr(ray, "init", failing(ValueError("bad")))
+    with pytest.raises(ValueError, match="bad"):  # any other failure is Ray's to report, at once
+        cluster.start_ray("local", num_cpus=2, quiet=True)
+    assert calls == ["local"]
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # A real 2-node cluster
 
