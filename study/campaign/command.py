@@ -13,12 +13,13 @@ For each dataset of the campaign, in the file's order:
    Pareto plots) into the campaign's ``reports/<dataset>/``;
 3. the page's part between its ``generated`` markers is rewritten (:mod:`study.campaign.page`).
 
-The page covers every dataset and study with results, whatever ran. On a fresh clone the campaign's recorded
-studies are first copied back into ``results/``, so ``--report-only`` regenerates the page from the repository.
-Dataset sources are relative to ``--data-root`` (or ``$SEQREC_DATA_ROOT``); each dataset's table of users, items and
-lengths comes from its prepared copy in the local data cache, which is made from the source when one is found, so
-give the data root to regenerate the page exactly. ``--quick`` is a smoke run (two seeds, two epochs) under
-``<prefix>-quick-*`` names whose page goes to ``results/``, never to the campaign's folder.
+The page covers every dataset and study with results, whatever ran, and says on stderr which of them ran with settings
+their study file no longer has. On a fresh clone the campaign's recorded studies are first copied back into
+``results/``, so ``--report-only`` regenerates the page from the repository. Dataset sources are relative to
+``--data-root`` (or ``$SEQREC_DATA_ROOT``); each dataset's table of users, items and lengths comes from its prepared
+copy in the local data cache, which is made from the source when one is found, so give the data root to regenerate
+the page exactly. ``--quick`` is a smoke run (two seeds, two epochs) under ``<prefix>-quick-*`` names whose page goes
+to ``results/``, never to the campaign's folder.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from study.campaign.runner import (
     restore_records,
     results_dir,
     run_study,
+    warn_if_changed,
 )
 from study.campaign.spec import Campaign, data_root, load_campaign
 from study.cli import EXIT_INTERRUPTED
@@ -160,13 +162,16 @@ def run(options: argparse.Namespace) -> int:
             print(f"{dataset}: not run, give --data-root DIR (its source is {spec.source})", file=sys.stderr)
             runs = False
         reported = dataset_studies(campaign, dataset, options, runs)
-        for study in (s for s in options.studies if runs and s in reported):
+        selected = [study for study in options.studies if runs and study in reported]
+        for study in selected:
             run_study(campaign, dataset, study, options)
         folders = {}
         for study in reported:
             folder = results_dir() / campaign.study_name(dataset, study, options.quick)
             if finished_seeds(folder):
                 folders[study] = folder
+                if study not in selected:  # run_study checked the ones it was given
+                    warn_if_changed(campaign, dataset, study, options)
                 if not options.quick:
                     archive_study(folder, campaign.records)
         sections += dataset_page(campaign, dataset, folders, options, epoch_limit, page, reports)

@@ -193,6 +193,17 @@ def _same_setting(ran: object, wanted: object) -> bool:
     return ran == wanted
 
 
+def warn_if_changed(campaign: Campaign, dataset: str, study: str, options) -> None:
+    """Say on stderr which settings of ``study``'s file its finished runs on ``dataset`` ran otherwise, and how to
+    run it again; nothing when they match. ``options`` carries the command's ``quick`` and ``sources``."""
+    folder = results_dir() / campaign.study_name(dataset, study, options.quick)
+    overrides = sweep_overrides(campaign, dataset, study, options.sources.get(dataset), options.quick)
+    changed = changed_settings(folder, campaign.study_file(study), overrides)
+    if changed:
+        print(f"{folder.name}: its study file has changed since it ran ({'; '.join(changed)}), so its results are "
+              f"the earlier settings'. --rerun {study} runs it again", file=sys.stderr)
+
+
 def run_study(campaign: Campaign, dataset: str, study: str, options) -> Path | None:
     """Run (or resume, or skip) one study; its results folder, or None when its sweep failed.
 
@@ -205,11 +216,7 @@ def run_study(campaign: Campaign, dataset: str, study: str, options) -> Path | N
         set_aside(folder)
     if finished_seeds(folder) >= seeds:
         print(f"{folder.name}: done ({seeds} seeds)", flush=True)
-        overrides = sweep_overrides(campaign, dataset, study, options.sources.get(dataset), options.quick)
-        changed = changed_settings(folder, campaign.study_file(study), overrides)
-        if changed:
-            print(f"{folder.name}: its study file has changed since it ran ({'; '.join(changed)}), so its results are "
-                  f"the earlier settings'. --rerun {study} runs it again", file=sys.stderr)
+        warn_if_changed(campaign, dataset, study, options)
         return folder
     if (folder / TRIALS_FILE).is_file() and not (folder / "tune").is_dir():
         print(f"{folder.name}: holds {finished_seeds(folder)} of {seeds} seeds but no Tune state to resume them "

@@ -281,6 +281,23 @@ def test_a_finished_study_whose_file_changed_since_it_ran_says_so_and_how_to_rer
             "so its results are the earlier settings'. --rerun c runs it again") in capsys.readouterr().err
 
 
+def test_report_only_names_the_reported_studies_whose_file_changed_since_they_ran(campaign_file: Path,
+                                                                                  capsys) -> None:
+    folder = Path.cwd() / "results" / "toy-small-c"
+    write_study(folder, [1, 2, 3])
+    ran = {"objective": "bce", "eval_mode": "full", "max_len": 50, "lr": 0.001, "patience": 10}
+    rows = pd.read_parquet(folder / "trials.parquet")
+    rows.assign(model="sasrec", schema=3, config=json.dumps(ran)).to_parquet(folder / "trials.parquet")
+    study_file = campaign_file.parent / "c.yaml"
+    study_file.write_text(SASREC_STUDY)
+    assert main([str(campaign_file), "--report-only"]) == 0
+    assert "changed" not in capsys.readouterr().err
+    study_file.write_text(SASREC_STUDY.replace("patience: 10", "patience: 50"))
+    assert main([str(campaign_file), "--report-only"]) == 0
+    assert ("toy-small-c: its study file has changed since it ran (patience 50 (ran 10))"
+            in capsys.readouterr().err)
+
+
 def test_rerun_is_refused_where_it_cannot_mean_what_it_says(campaign_file: Path, capsys) -> None:
     for argv, message in ((["--rerun", "z"], "--rerun z: not in"),
                           (["--studies", "a", "--rerun", "c"], "--rerun c: not among --studies a"),
