@@ -262,13 +262,18 @@ search: {seed: {grid: [1, 2, 3]}}
 """
 
 
+def write_sasrec_rows(folder: Path) -> None:
+    """A finished SASRec study whose schema-3 rows ran before sampled_test_negatives existed (so with 0), at
+    patience 10 and ``objective: auto`` resolved to bce."""
+    write_study(folder, [1, 2, 3])
+    ran = {"objective": "bce", "eval_mode": "full", "max_len": 50, "lr": 0.001, "patience": 10}
+    rows = pd.read_parquet(folder / "trials.parquet")
+    rows.assign(model="sasrec", schema=3, config=json.dumps(ran)).to_parquet(folder / "trials.parquet")
+
+
 def test_a_finished_study_whose_file_changed_since_it_ran_says_so_and_how_to_rerun(campaign_file: Path, monkeypatch,
                                                                                    capsys) -> None:
-    folder = Path.cwd() / "results" / "toy-small-c"
-    write_study(folder, [1, 2, 3])
-    ran = {"objective": "bce", "eval_mode": "full", "max_len": 50, "lr": 0.001, "patience": 10}  # schema 3: it
-    rows = pd.read_parquet(folder / "trials.parquet")  # ran before sampled_test_negatives existed, so with 0
-    rows.assign(model="sasrec", schema=3, config=json.dumps(ran)).to_parquet(folder / "trials.parquet")
+    write_sasrec_rows(Path.cwd() / "results" / "toy-small-c")
     study_file = campaign_file.parent / "c.yaml"
     study_file.write_text(SASREC_STUDY)
     monkeypatch.setattr(runner.subprocess, "Popen", lambda *a, **k: pytest.fail("a sweep was started"))
@@ -283,11 +288,7 @@ def test_a_finished_study_whose_file_changed_since_it_ran_says_so_and_how_to_rer
 
 def test_report_only_names_the_reported_studies_whose_file_changed_since_they_ran(campaign_file: Path,
                                                                                   capsys) -> None:
-    folder = Path.cwd() / "results" / "toy-small-c"
-    write_study(folder, [1, 2, 3])
-    ran = {"objective": "bce", "eval_mode": "full", "max_len": 50, "lr": 0.001, "patience": 10}
-    rows = pd.read_parquet(folder / "trials.parquet")
-    rows.assign(model="sasrec", schema=3, config=json.dumps(ran)).to_parquet(folder / "trials.parquet")
+    write_sasrec_rows(Path.cwd() / "results" / "toy-small-c")
     study_file = campaign_file.parent / "c.yaml"
     study_file.write_text(SASREC_STUDY)
     assert main([str(campaign_file), "--report-only"]) == 0
