@@ -29,7 +29,7 @@ name: {name}
 model: {model}
 dataset: {{name: lastfm, source: {source}}}
 protocol: {{objective: auto, eval_mode: full}}
-fixed: {{max_len: 20, batch_size: 512}}
+fixed: {{max_len: 20, batch_size: 512, window_step: 0}}
 search:
   hidden_size: {{grid: [16, 32]}}
 objectives: {{valid_ndcg@10: max, peak_mem_mb: min, infer_ms_p50: min}}

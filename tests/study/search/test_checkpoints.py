@@ -45,7 +45,7 @@ def test_a_killed_trial_resumes_from_its_last_checkpoint(tmp_path: Path, monkeyp
         model: sasrec
         dataset: {{name: lastfm, source: {source}}}
         fixed: {{max_len: 20, batch_size: 128, hidden_size: 16, num_layers: 1, num_heads: 1, inner_size: 32,
-                measure_efficiency: false, patience: 0}}
+                measure_efficiency: false, patience: 0, window_step: 0}}
         search: {{lr: {{choice: [0.003]}}}}
         sampler: random
         budget: {{num_samples: 1, max_epochs: {EPOCHS}}}
@@ -93,7 +93,7 @@ def test_a_killed_trial_resumes_from_its_last_checkpoint(tmp_path: Path, monkeyp
                                *[f"--set={key}={value}" for key, value in {
                                    "max_len": 20, "batch_size": 128, "hidden_size": 16, "num_layers": 1,
                                    "num_heads": 1, "inner_size": 32, "measure_efficiency": "false", "lr": 0.003,
-                                   "patience": 0, "max_epochs": EPOCHS, "num_threads": 1}.items()]],
+                                   "patience": 0, "max_epochs": EPOCHS, "num_threads": 1, "window_step": 0}.items()]],
                               cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
     assert straight.returncode == 0, straight.stderr[-3000:]
     row = json.loads(straight.stdout.strip().splitlines()[-1])

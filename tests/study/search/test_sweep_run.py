@@ -27,7 +27,10 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[3]
-TINY_MODEL = "{max_len: 20, batch_size: 128, hidden_size: 16, num_layers: 1, num_heads: 1, inner_size: 32"
+# window_step 0: the newest window of each user only, an eighth of a whole-history epoch; what these tests check
+# does not depend on the windows
+TINY_MODEL = ("{max_len: 20, batch_size: 128, hidden_size: 16, num_layers: 1, num_heads: 1, inner_size: 32, "
+              "window_step: 0")
 
 pytestmark = pytest.mark.slow
 
@@ -101,8 +104,9 @@ def test_a_grid_stopped_under_its_trials_resumes_each_point_once(tmp_path: Path,
     """A trial whose worker dies (as when the study is stopped with SIGTERM) trains again on --resume, and the
     grid runs every point once: before, the trial was replayed as failed and another point ran twice.
 
-    Six epochs: its worker is killed within a poll (0.1 s) of its first epoch's report, five epochs before it could
-    end; the resume then trains the three points in full, one at a time, so every epoch more is three on the clock."""
+    Four epochs: its worker is killed within a poll (0.1 s) of its first epoch's report, three epochs (seconds) before
+    it could end; the resume then trains the three points in full, one at a time, so every epoch more is three on the
+    clock."""
     out = tmp_path / "out"
     study = write_study(tmp_path / "grid.yaml", f"""
         name: grid-resume
@@ -111,7 +115,7 @@ def test_a_grid_stopped_under_its_trials_resumes_each_point_once(tmp_path: Path,
         fixed: {TINY_MODEL}, measure_efficiency: false, patience: 0}}
         search:
           seed: {{grid: [1, 2, 3]}}
-        budget: {{num_samples: 3, max_epochs: 6}}
+        budget: {{num_samples: 3, max_epochs: 4}}
         scheduler: none
         sampler: grid
         resources: {{cpu: 1, max_concurrent: 1}}
@@ -324,15 +328,16 @@ def test_streamed_windows_cover_every_trainable_window_once_per_epoch(data_cache
 
 def test_a_streaming_sweep_leaves_ray_data_a_cpu_and_trains(tmp_path: Path, data_cache: Path, ray_session,
                                                              write_tiny_sweep) -> None:
-    """Ray Data runs nothing while less than one CPU is free, so on two CPUs the streamed trials run one at a time."""
+    """Ray Data runs nothing while less than one CPU is free, so on two CPUs the streamed trials run one at a time.
+    (The test above reads a stream for two epochs.)"""
     from study.search.runner import run_study
     from study.spec.study_file import StudyConfigError, load_study
 
     out = tmp_path / "out"
     path = write_tiny_sweep(tmp_path / "study.yaml", name="streamed", storage=out, samples=2)
-    run_study(load_study(path, ["dataset.stream=true", "budget.max_epochs=2", "scheduler=none"]), quiet=True)
+    run_study(load_study(path, ["dataset.stream=true", "scheduler=none"]), quiet=True)  # one epoch each
     trials = pd.read_parquet(out / "trials.parquet")
-    assert list(trials["status"]) == ["ok", "ok"] and list(trials["epochs_run"]) == [2, 2]
+    assert list(trials["status"]) == ["ok", "ok"] and list(trials["epochs_run"]) == [1, 1]
     assert (trials["valid_ndcg@10"] > 0).all() and yaml.safe_load((out / "study.yaml").read_text())[
         "dataset"]["stream"] is True
     with pytest.raises(StudyConfigError, match="stream"):
@@ -441,7 +446,7 @@ def test_a_sweep_trial_gives_the_metrics_of_study_train_for_the_same_seed(tmp_pa
 
     settings = {"max_len": 20, "batch_size": 256, "hidden_size": 16, "num_layers": 1, "num_heads": 1,
                 "inner_size": 32, "measure_efficiency": False, "lr": trial["config.lr"], "max_epochs": 2, "seed": 5,
-                "num_threads": 1}
+                "num_threads": 1, "window_step": 0}
     # the sweep's dataset (write_tiny_sweep's SYNTHETIC_LASTFM), prepared with wider windows: cropped to the same 20
     alone = run_trial("sasrec", TrialData.from_prepared(synthetic_lastfm_prepared, 20), settings)
     metrics = [key for key in alone if key.startswith(("valid_", "test_"))]
