@@ -10,6 +10,7 @@ from benchmarks import defaults_search
 from benchmarks.speed import TARGET_NDCG
 
 
+@pytest.mark.slow
 def test_a_candidate_trains_on_its_own_window_and_reports_every_epoch(synthetic_lastfm_prepared: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     widths: list[int] = []
@@ -49,6 +50,7 @@ def test_a_candidate_trains_the_named_model_on_the_windows_it_names(synthetic_la
     assert calls[0][1]["window_step"] == 4 and calls[0][1]["window_targets"] == "new"
 
 
+@pytest.mark.slow
 def test_an_elastic_candidate_reports_the_expert_usage_of_its_best_epoch(synthetic_lastfm_prepared: Path) -> None:
     overrides = {**defaults_search.CANDIDATES["query_batchnorm"], "max_len": 12, "max_epochs": 2, "num_experts": 16,
                  "top_k": 4}

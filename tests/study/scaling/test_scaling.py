@@ -286,6 +286,7 @@ def test_energy_gets_a_table_only_where_it_was_measured():
 # On Ray
 
 
+@pytest.mark.slow
 def test_tiny_study_end_to_end(ray_cluster, synthetic_lastfm_file, data_cache, tmp_path, capsys):
     out = tmp_path / "results"
     path = write_study(tmp_path, tiny_study(synthetic_lastfm_file, out))

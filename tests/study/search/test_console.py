@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from study.search.console import WIDTH, StatusReporter, abbreviations
 
 REPO = Path(__file__).resolve().parents[3]
@@ -62,6 +64,7 @@ def _check_console(done: subprocess.CompletedProcess, folder: Path) -> None:
     assert wide == [], wide
 
 
+@pytest.mark.slow
 def test_sweep_and_replicate_consoles_are_clean_and_narrow(write_tiny_sweep, data_cache, tmp_path):
     out = tmp_path / "results"
     study = write_tiny_sweep(tmp_path / "tiny.yaml", name="console", storage=out, samples=2)

@@ -21,6 +21,7 @@ def ray_session():
     ray.shutdown()
 
 
+@pytest.mark.slow
 def test_an_mlflow_file_store_holds_one_run_per_trial_with_its_epochs(tmp_path: Path, data_cache: Path, ray_session,
                                                                       write_tiny_sweep,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
@@ -105,6 +106,7 @@ def test_a_resumed_session_logs_into_the_run_its_trial_already_has(tmp_path: Pat
     assert set(run.data.metrics) == {"epoch", "valid_ndcg_at_10"}  # no strings, NaNs or Tune bookkeeping
 
 
+@pytest.mark.slow
 def test_wandb_offline_writes_one_run_per_trial_with_its_epochs(tmp_path: Path, data_cache: Path, ray_session,
                                                                  write_tiny_sweep,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:

@@ -117,6 +117,7 @@ def test_the_step_draws_its_negatives_from_the_training_counts():
         TrainStep(model, settings)
 
 
+@pytest.mark.slow
 def test_sampled_softmax_learns_ml100k_beyond_popularity(ml100k_prepared):
     """20 epochs on ml-100k: test NDCG@10 0.033–0.035 (uniform) and 0.027–0.029 (popularity) over seeds 0–2,
     against popularity's 0.0224. Not LastFM: there both samplers sit on its popularity plateau for 8–20 epochs

@@ -49,6 +49,7 @@ def metric_fields(row: dict) -> dict:
 
 
 # sasrec trains with dropout (torch's global generator); bert4rec also masks with the TrainStep's generator
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["sasrec", "bert4rec"])
 def test_resumed_trial_equals_uninterrupted_one(model, synthetic_lastfm_prepared, tmp_path):
     data = TrialData.from_prepared(synthetic_lastfm_prepared, max_len=20)

@@ -29,6 +29,7 @@ def synthetic(synthetic_lastfm_prepared):
     return TrialData.from_prepared(synthetic_lastfm_prepared, max_len=20)
 
 
+@pytest.mark.slow
 def test_same_seed_gives_identical_metrics_and_reports_every_epoch(synthetic):
     reports = []
     first = run_trial("sasrec", synthetic, {**QUICK, "seed": 3}, callback=reports.append)
@@ -152,6 +153,7 @@ def test_whole_history_windows_train_and_record_their_step(synthetic, model, obj
     assert counts[4] > counts[0]  # the histories longer than the 20-item windows give more than one
 
 
+@pytest.mark.slow
 def test_each_objective_trains_on_its_default_windows_and_records_them(synthetic):
     default = run_trial("bert4rec", synthetic, {**QUICK, "max_epochs": 1})
     assert (default["config"]["window_step"], default["config"]["window_targets"]) == (2, "all")  # 0.1 x max_len 20
@@ -180,6 +182,7 @@ def test_the_popularity_baseline_follows_the_history_masking(synthetic):
         pytest.approx(popularity_metrics(synthetic.test, synthetic.item_popularity)["ndcg@10"])
 
 
+@pytest.mark.slow
 def test_sasrec_beats_popularity_on_movielens(ml100k_prepared):
     """On each user's newest window, the cheapest epoch: windows over the whole history cost about six times as
     much on ml-100k (benchmarks.defaults_search compares what they learn)."""
