@@ -21,7 +21,7 @@ from study.train.trainer import TrialData, epoch_windows, run_trial, user_batche
 REPO = Path(__file__).resolve().parents[3]
 QUICK = {"max_epochs": 2, "batch_size": 256, "measure_efficiency": False, "num_threads": 1, "max_len": 20}
 # each user's newest window, about an eighth of a whole-history epoch: for tests of what happens around the training
-NEWEST = {**QUICK, "window_step": 0}
+QUICK_NEWEST = {**QUICK, "window_step": 0}
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,7 @@ def test_data_prepared_for_a_longer_window_is_cut_to_the_models(synthetic_lastfm
 
 def test_the_selection_metric_picks_the_best_epoch_and_drives_early_stopping(synthetic):
     reports = []
-    settings = {**NEWEST, "max_epochs": 6, "seed": 5, "lr": 0.01, "selection_metric": "mrr@5", "patience": 2}
+    settings = {**QUICK_NEWEST, "max_epochs": 6, "seed": 5, "lr": 0.01, "selection_metric": "mrr@5", "patience": 2}
     result = run_trial("sasrec", synthetic, settings, callback=reports.append)
     scores = [r.valid["mrr@5"] for r in reports]
     best = max(range(len(scores)), key=lambda i: (scores[i], -i))  # the first epoch with the highest score
@@ -74,22 +74,22 @@ def test_the_selection_metric_picks_the_best_epoch_and_drives_early_stopping(syn
 def test_a_watched_run_says_why_it_stopped(synthetic, capsys: pytest.CaptureFixture) -> None:
     """Patience, the time budget or max_epochs: the bar alone would leave a person guessing why it stopped short."""
     reports = []
-    result = run_trial("sasrec", synthetic, {**NEWEST, "seed": 1}, progress=True)
+    result = run_trial("sasrec", synthetic, {**QUICK_NEWEST, "seed": 1}, progress=True)
     stderr = capsys.readouterr().err
     assert "time budget" not in stderr  # none was set
     assert stderr.endswith(f"stopped after epoch 2: max_epochs (2) reached; the result is that of epoch "
                            f"{result['best_epoch']} (valid ndcg@10 {result['valid_ndcg@10']:.4f})\n")
-    run_trial("sasrec", synthetic, {**NEWEST, "time_budget_s": 1e-3}, progress=True)
+    run_trial("sasrec", synthetic, {**QUICK_NEWEST, "time_budget_s": 1e-3}, progress=True)
     stderr = capsys.readouterr().err
     assert "the time budget of 0.001 s ends training after about 1 epoch(s)" in stderr  # said before it starts
     assert "stopped after epoch 1: time budget of 0.001 s spent; the result is that of epoch 1" in stderr
-    run_trial("sasrec", synthetic, {**NEWEST, "max_epochs": 1, "time_budget_s": 1e6}, progress=True)
+    run_trial("sasrec", synthetic, {**QUICK_NEWEST, "max_epochs": 1, "time_budget_s": 1e6}, progress=True)
     assert "ends training after" not in capsys.readouterr().err  # max_epochs ends it first
-    run_trial("sasrec", synthetic, {**NEWEST, "max_epochs": 30, "seed": 5, "lr": 0.05, "patience": 1},
+    run_trial("sasrec", synthetic, {**QUICK_NEWEST, "max_epochs": 30, "seed": 5, "lr": 0.05, "patience": 1},
               callback=reports.append, progress=True)
     assert len(reports) < 30 and reports[-1].best_epoch == len(reports) - 1
     assert f"stopped after epoch {len(reports)}: no gain in ndcg@10 for 1 epochs (patience)" in capsys.readouterr().err
-    run_trial("sasrec", synthetic, {**NEWEST, "max_epochs": 1})
+    run_trial("sasrec", synthetic, {**QUICK_NEWEST, "max_epochs": 1})
     assert "stopped" not in capsys.readouterr().err  # inside a sweep the console reports each trial's end
 
 
@@ -106,9 +106,10 @@ def test_result_records_protocol_and_efficiency(synthetic):
 
 
 def test_sampled_test_metrics_beside_full_ranking_are_the_sampled_protocols_and_are_recorded(synthetic):
-    plain = run_trial("sasrec", synthetic, {**NEWEST, "max_epochs": 1})
-    both = run_trial("sasrec", synthetic, {**NEWEST, "max_epochs": 1, "sampled_test_negatives": 50})
-    sampled = run_trial("sasrec", synthetic, {**NEWEST, "max_epochs": 1, "eval_mode": "sampled", "num_negatives": 50})
+    plain = run_trial("sasrec", synthetic, {**QUICK_NEWEST, "max_epochs": 1})
+    both = run_trial("sasrec", synthetic, {**QUICK_NEWEST, "max_epochs": 1, "sampled_test_negatives": 50})
+    sampled = run_trial("sasrec", synthetic, {**QUICK_NEWEST, "max_epochs": 1, "eval_mode": "sampled",
+                                              "num_negatives": 50})
     metrics = [k for k in plain if k.startswith("test_")]
     # the setting adds figures and changes neither training nor the protocol's own metrics
     assert {k: both[k] for k in metrics} == {k: plain[k] for k in metrics}
@@ -175,7 +176,7 @@ def test_a_trial_fed_batches_refuses_the_whole_history_windows(synthetic):
 
 def test_the_popularity_baseline_follows_the_history_masking(synthetic):
     for masked in (False, True):
-        result = run_trial("sasrec", synthetic, {**NEWEST, "max_epochs": 1, "mask_history": masked})
+        result = run_trial("sasrec", synthetic, {**QUICK_NEWEST, "max_epochs": 1, "mask_history": masked})
         expected = popularity_metrics(synthetic.test, synthetic.item_popularity, mask_history=masked)
         assert result["pop_ndcg@10"] == pytest.approx(expected["ndcg@10"])
     assert popularity_metrics(synthetic.test, synthetic.item_popularity, mask_history=True)["ndcg@10"] != \
