@@ -52,8 +52,9 @@ def test_a_candidate_trains_the_named_model_on_the_windows_it_names(synthetic_la
 
 @pytest.mark.slow
 def test_an_elastic_candidate_reports_the_expert_usage_of_its_best_epoch(synthetic_lastfm_prepared: Path) -> None:
+    # four prefixes a user, not every one: the usage is counted on the validation users whatever ELASTIC trained on
     overrides = {**defaults_search.CANDIDATES["query_batchnorm"], "max_len": 12, "max_epochs": 2, "num_experts": 16,
-                 "top_k": 4}
+                 "top_k": 4, "prefixes_per_user": 4}
     run = defaults_search.train(synthetic_lastfm_prepared, overrides, threads=1, budget=1e9, seed=0, model="elastic")
     assert len(run.best_extras) == len(run.epochs) == 2
     usage = run.best_extras[-1]

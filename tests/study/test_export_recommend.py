@@ -28,7 +28,8 @@ def run(args: list[str], env: dict[str, str], timeout: int = 600) -> subprocess.
 @pytest.fixture(scope="module")
 def tiny_study(tmp_path_factory: pytest.TempPathFactory, ml100k_shaped_udata: Path) -> tuple[Path, dict[str, str]]:
     """A two-trial study on a generated u.data that the ml-100k recipe accepts (tests/conftest.py): exporting and
-    recommending are machinery, no real file is needed."""
+    recommending are machinery, no real file is needed, and neither are the whole-history windows (each user's
+    newest window trains; config.yaml carries that to the retraining below)."""
     root = tmp_path_factory.mktemp("export")
     env = {**os.environ, "SEQREC_DATA": str(root / "cache"), "PYTHONPATH": str(REPO), "OMP_WAIT_POLICY": "PASSIVE"}
     study = root / "tiny.yaml"
@@ -37,7 +38,7 @@ def tiny_study(tmp_path_factory: pytest.TempPathFactory, ml100k_shaped_udata: Pa
         model: sasrec
         dataset: {{name: ml-100k, source: {ml100k_shaped_udata}}}
         fixed: {{max_len: 20, batch_size: 256, hidden_size: 16, num_layers: 1, num_heads: 1, inner_size: 32,
-                measure_efficiency: false}}
+                measure_efficiency: false, window_step: 0}}
         search: {{lr: {{grid: [0.001, 0.005]}}}}
         sampler: grid
         budget: {{num_samples: 2, max_epochs: 2}}

@@ -56,16 +56,19 @@ def test_prepare_once_then_train_and_sweep_by_name_offline(offline_env: tuple[di
     assert f"{expected.num_users:,} users, {expected.num_items:,} items" in listing.stdout
     assert "kept in the cache" in listing.stdout
 
+    # each user's newest window only (window_step 0), here and in the sweep: what is checked is that the commands
+    # find the data by name, not what the whole-history windows teach
     done = run(["study.train", "--model", "sasrec", "--dataset", "ml-100k", "--no-progress", "--set", "max_epochs=1",
                 "--set", "max_len=30", "--set", "hidden_size=16", "--set", "num_layers=1", "--set", "num_heads=1",
-                "--set", "inner_size=32", "--set", "measure_efficiency=false"], env, tmp_path)
+                "--set", "inner_size=32", "--set", "measure_efficiency=false", "--set", "window_step=0"], env,
+               tmp_path)
     assert done.returncode == 0, done.stderr
     row = json.loads(done.stdout.strip().splitlines()[-1])
     assert row["dataset"] == "ml-100k" and row["epochs_run"] == 1
 
     done = run(["study.sweep", str(REPO / "search_spaces" / "sasrec.yaml"), "--num-cpus", "2", "--quiet",
                 "--set", "budget.num_samples=1", "--set", "budget.max_epochs=1", "--set", "fixed.max_len=30",
-                "--set", "fixed.measure_efficiency=false"], env, tmp_path)
+                "--set", "fixed.measure_efficiency=false", "--set", "fixed.window_step=0"], env, tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     trials = list((tmp_path / "results").glob("*/trials.csv"))
     assert len(trials) == 1 and len(trials[0].read_text().splitlines()) == 2  # header + the one trial
