@@ -125,6 +125,13 @@ def over_budget_line(name: str, out: Path, budget_s: float) -> str | None:
             f"to continue it, give it more: --resume --set budget.time_budget_s={int(max(2 * budget_s, spent + 60))}")
 
 
+def continue_note(name: str, out: Path, budget_s: float) -> str | None:
+    """The summary's last words after a session that the budget ended: what a resume needs to continue the trials
+    it stopped (also those stopped before their first epoch, which have no record yet)."""
+    line = over_budget_line(name, out, budget_s)
+    return None if line is None else textwrap.fill(line, width=120, subsequent_indent="  ")
+
+
 RESUMABLE_BUDGET = ("time_budget_s", "num_samples")  # what a --resume may raise: the study goes on further
 
 

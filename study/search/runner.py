@@ -40,7 +40,15 @@ from study.layout import (
     TUNE_DIR,
     table_paths,
 )
-from study.search.budget import StudyClock, StudyEstimate, budget_grows, check_work_left, estimate_study, fit_line
+from study.search.budget import (
+    StudyClock,
+    StudyEstimate,
+    budget_grows,
+    check_work_left,
+    continue_note,
+    estimate_study,
+    fit_line,
+)
 from study.search.console import TuneMessages
 from study.search.dashboards import OptunaDashboard
 from study.search.lock import study_lock
@@ -226,7 +234,8 @@ def _run_locked(study: Study, out: Path, *, resume: bool, dashboard: bool, addre
 def _drive(study: Study, out: Path, mirror: Mirror, base_data: TrialData, train_table: Any, *, resume: bool,
            quiet: bool, points: list[dict[str, Any]] | None, dashboard: bool = False,
            on_cluster: bool = False, estimate: StudyEstimate | None = None) -> dict[str, Any]:
-    """Runs the trials on the connected Ray and writes ``out`` (records, tables); returns the fit's timing.
+    """Runs the trials on the connected Ray and writes ``out`` (records, tables); returns the fit's timing and
+    whether the time budget ended it.
 
     With ``dashboard`` a search also gets optuna-dashboard on its ``optuna.db`` while the trials run. The phases:
     claim the study folder, plan the trials, build (or restore) the Tuner, fit, write the tables.
@@ -265,7 +274,8 @@ def _drive(study: Study, out: Path, mirror: Mirror, base_data: TrialData, train_
     _fit(tuner, clock, mirror, board)
     fit_wall = time.time() - fit_started
     _write_results(study, out, mirror, base_data.meta, storage_url, points)
-    return {"fit_wall_s": fit_wall, "fit_started_at": fit_started, "meta": base_data.meta}
+    return {"fit_wall_s": fit_wall, "fit_started_at": fit_started, "meta": base_data.meta,
+            "budget_spent": clock.spent}
 
 
 def _claim(study: Study, out: Path, mirror: Mirror, resume: bool) -> int:
@@ -351,6 +361,9 @@ def _outcome(study: Study, out: Path, mirror: Mirror, fit: dict[str, Any],
     paths.update(records=out / RECORDS_DIR, tune=out / TUNE_DIR)
     trials = pd.read_parquet(paths["trials"])
     text = summary(trials, study.objectives, list(study.search), paths)
+    note = continue_note(study.name, out, study.budget.time_budget_s) if fit.get("budget_spent") else None
+    if note:
+        text += "\n" + note
     if mirror.uri:
         text += f"\nmirrored to {mirror.uri}"
     return {"paths": paths, "trials": trials, "fit_wall_s": fit["fit_wall_s"], "fit_started_at": fit["fit_started_at"],

@@ -16,7 +16,7 @@ import pytest
 
 from study.errors import UserError
 from study.search import budget
-from study.search.budget import StudyClock, budget_grows, fit_line, over_budget_line, spent_before
+from study.search.budget import StudyClock, budget_grows, continue_note, fit_line, over_budget_line, spent_before
 from study.search.console import StatusReporter
 from study.search.lock import study_lock
 
@@ -39,6 +39,11 @@ def test_the_clock_counts_earlier_sessions_and_stops_once(tmp_path: Path, monkey
     assert spent_before(tmp_path) == pytest.approx(101.0)  # frozen when the budget ran out, not at shutdown
     assert "spent its time budget (101 s of budget.time_budget_s=100)" in over_budget_line("s", tmp_path, 100)
     assert over_budget_line("s", tmp_path, 200) is None and over_budget_line("s", tmp_path, 0) is None
+    # the console's last words after that session: the same advice, wrapped to the console's width
+    note = continue_note("a-study-with-a-long-name-" * 3, tmp_path, 100)
+    assert len(note.splitlines()) == 2 and all(len(line) <= 120 for line in note.splitlines())
+    assert " ".join(note.split()).endswith("to continue it, give it more: --resume --set budget.time_budget_s=200")
+    assert continue_note("s", tmp_path, 200) is None
 
 
 def test_a_clock_restored_from_tunes_state_is_this_sessions_clock(tmp_path: Path) -> None:

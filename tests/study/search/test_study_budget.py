@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -87,6 +88,10 @@ def test_a_time_budget_keeps_the_trials_it_stops_and_a_resume_with_more_time_con
     summary_rows = stdout.split("best by valid_ndcg@10 (max):", 1)[1].splitlines()
     assert summary_rows[2].split()[0] == best["trial_id"]  # the summary's best is the records' best
     assert "2 stopped by the study's time budget" in stdout
+    # its last words say how to continue the trials it stopped (those stopped before their first epoch, which have
+    # no record, too)
+    last_words = " ".join(stdout.split())
+    assert re.search(r"to continue it, give it more: --resume --set budget\.time_budget_s=\d+$", last_words)
     optuna_db = f"sqlite:///{out / 'optuna.db'}"
     told = {t.user_attrs.get("tune_trial_id"): t for t in optuna.load_study(study_name="budget-resume",
                                                                              storage=optuna_db).trials}
