@@ -41,6 +41,7 @@ from ray.tune.stopper import Stopper
 
 from study.errors import UserError
 from study.layout import CLOCK_FILE, RECORDS_DIR
+from study.search.console import WIDTH
 from study.search.records import atomic_write_text, read_records, trains_on
 from study.spec.resolved import Study
 from study.train.trainer import TrialData
@@ -129,7 +130,7 @@ def continue_note(name: str, out: Path, budget_s: float) -> str | None:
     """The summary's last words after a session that the budget ended: what a resume needs to continue the trials
     it stopped (also those stopped before their first epoch, which have no record yet)."""
     line = over_budget_line(name, out, budget_s)
-    return None if line is None else textwrap.fill(line, width=120, subsequent_indent="  ")
+    return None if line is None else textwrap.fill(line, width=WIDTH, subsequent_indent="  ")
 
 
 RESUMABLE_BUDGET = ("time_budget_s", "num_samples")  # what a --resume may raise: the study goes on further
@@ -196,7 +197,7 @@ def fit_line(study: Study, epoch_s: float, concurrency: int) -> str | None:
     advice = (f"fewer samples (budget.num_samples={samples} would fit), a larger budget "
               f"(budget.time_budget_s={math.ceil(most * 1.2)}), or a shorter max_len")
     verdict = "it will not fit" if least > budget else "it may not fit if ASHA stops few trials"
-    return textwrap.fill(f"{head}: {verdict}; {advice}", width=120, subsequent_indent="  ")
+    return textwrap.fill(f"{head}: {verdict}; {advice}", width=WIDTH, subsequent_indent="  ")
 
 
 def _minutes(seconds: float) -> str:
