@@ -55,6 +55,26 @@ def _store_even_odd(ptr, even, odd, offs_t, mt, offs_h, D):
     tl.store(base + 1, odd.to(dtype), mask=mt[:, None] & (2 * offs_h + 1 < D)[None, :])
 
 
+@triton.jit
+def _load_rows(ptr, offs_t, mt, offs_dv, mdv, DV):
+    """A (BT, BLOCK_DV) row block of a (N, DV) tensor, as fp32."""
+    return tl.load(ptr + offs_t[:, None] * DV + offs_dv[None, :], mask=mt[:, None] & mdv[None, :],
+                   other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _angles(offs_t, theta):
+    """cos and sin of each position's rotation angles, (BT, BLOCK_DH)."""
+    ang = offs_t.to(tl.float32)[:, None] * theta[None, :]
+    return tl.cos(ang), tl.sin(ang)
+
+
+@triton.jit
+def _rotate(even, odd, cos, sin):
+    """Rotate each feature pair (even, odd) by its angle; (cos, −sin) gives the transposed rotation."""
+    return even * cos - odd * sin, even * sin + odd * cos
+
+
 @autotune(_CONFIGS, key=["BLOCK_DH", "BLOCK_DV", "ROPE", "NORMALIZE"])
 @triton.jit
 def _causal_linear_fwd_kernel(
@@ -85,16 +105,11 @@ def _causal_linear_fwd_kernel(
         causal = offs_t[:, None] >= offs_t[None, :]
         qe, qo = _load_even_odd(q_ptr, offs_t, mt, offs_h, D)
         ke, ko = _load_even_odd(k_ptr, offs_t, mt, offs_h, D)
-        v_ptrs = v_ptr + offs_t[:, None] * DV + offs_dv[None, :]
-        v = tl.load(v_ptrs, mask=mt[:, None] & mdv[None, :], other=0.0).to(tl.float32)
+        v = _load_rows(v_ptr, offs_t, mt, offs_dv, mdv, DV)
         if ROPE:
-            ang = offs_t.to(tl.float32)[:, None] * theta[None, :]
-            cos = tl.cos(ang)
-            sin = tl.sin(ang)
-            qre = qe * cos - qo * sin
-            qro = qe * sin + qo * cos
-            kre = ke * cos - ko * sin
-            kro = ke * sin + ko * cos
+            cos, sin = _angles(offs_t, theta)
+            qre, qro = _rotate(qe, qo, cos, sin)
+            kre, kro = _rotate(ke, ko, cos, sin)
         else:
             qre, qro, kre, kro = qe, qo, ke, ko
 
@@ -135,6 +150,100 @@ def _row_grads(do_ptr, o_ptr, den_ptr, offs_t, mt, offs_dv, mdv, DV, NORMALIZE: 
     return g, delta
 
 
+@triton.jit
+def _dq_sweep(
+    k_ptr, v_ptr, o_ptr, den_ptr, do_ptr, dq_ptr, theta, N, D, DV,
+    BT: tl.constexpr, BLOCK_DH: tl.constexpr, BLOCK_DV: tl.constexpr,
+    ROPE: tl.constexpr, NORMALIZE: tl.constexpr, PREC: tl.constexpr,
+):
+    """The backward's first sweep, forward in time: dq of one (batch, head)."""
+    offs_h = tl.arange(0, BLOCK_DH)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    mdv = offs_dv < DV
+    s_even = tl.zeros((BLOCK_DH, BLOCK_DV), dtype=tl.float32)
+    s_odd = tl.zeros((BLOCK_DH, BLOCK_DV), dtype=tl.float32)
+    z_even = tl.zeros((BLOCK_DH,), dtype=tl.float32)
+    z_odd = tl.zeros((BLOCK_DH,), dtype=tl.float32)
+    for start in range(0, N, BT):
+        offs_t = start + tl.arange(0, BT)
+        mt = offs_t < N
+        causal = offs_t[:, None] >= offs_t[None, :]
+        ke, ko = _load_even_odd(k_ptr, offs_t, mt, offs_h, D)
+        v = _load_rows(v_ptr, offs_t, mt, offs_dv, mdv, DV)
+        g, delta = _row_grads(do_ptr, o_ptr, den_ptr, offs_t, mt, offs_dv, mdv, DV, NORMALIZE)
+        if ROPE:
+            cos, sin = _angles(offs_t, theta)
+            kre, kro = _rotate(ke, ko, cos, sin)
+        else:
+            kre, kro = ke, ko
+        gv = tl.where(causal, tl.dot(g, tl.trans(v), input_precision=PREC), 0.0)  # (t, s): g_t·v_s
+        dqe = tl.dot(gv, kre, input_precision=PREC) + tl.dot(g, tl.trans(s_even), input_precision=PREC)
+        dqo = tl.dot(gv, kro, input_precision=PREC) + tl.dot(g, tl.trans(s_odd), input_precision=PREC)
+        if ROPE:  # transpose rotation (by −angle) of the numerator gradient
+            dqe, dqo = _rotate(dqe, dqo, cos, -sin)
+        if NORMALIZE:
+            dmat = tl.where(causal, delta[:, None], 0.0)  # (t, s): δ_t
+            dqe += tl.dot(dmat, ke, input_precision=PREC) + delta[:, None] * z_even[None, :]
+            dqo += tl.dot(dmat, ko, input_precision=PREC) + delta[:, None] * z_odd[None, :]
+            z_even += tl.sum(ke, axis=0)
+            z_odd += tl.sum(ko, axis=0)
+        _store_even_odd(dq_ptr, dqe, dqo, offs_t, mt, offs_h, D)
+        s_even += tl.dot(tl.trans(kre), v, input_precision=PREC)
+        s_odd += tl.dot(tl.trans(kro), v, input_precision=PREC)
+
+
+@triton.jit
+def _dkdv_sweep(
+    q_ptr, k_ptr, v_ptr, o_ptr, den_ptr, do_ptr, dk_ptr, dv_ptr, theta, N, D, DV,
+    BT: tl.constexpr, BLOCK_DH: tl.constexpr, BLOCK_DV: tl.constexpr,
+    ROPE: tl.constexpr, NORMALIZE: tl.constexpr, PREC: tl.constexpr,
+):
+    """The backward's second sweep, backward in time: dk and dv of one (batch, head)."""
+    offs_h = tl.arange(0, BLOCK_DH)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    mdv = offs_dv < DV
+    ds_even = tl.zeros((BLOCK_DH, BLOCK_DV), dtype=tl.float32)  # Σ_{later t} q̃_tᵀ g_t
+    ds_odd = tl.zeros((BLOCK_DH, BLOCK_DV), dtype=tl.float32)
+    dz_even = tl.zeros((BLOCK_DH,), dtype=tl.float32)  # Σ_{later t} δ_t q_t
+    dz_odd = tl.zeros((BLOCK_DH,), dtype=tl.float32)
+    n_chunks = tl.cdiv(N, BT)
+    for i in range(0, n_chunks):
+        offs_t = (n_chunks - 1 - i) * BT + tl.arange(0, BT)
+        mt = offs_t < N
+        anti = offs_t[:, None] <= offs_t[None, :]  # (s, t): t ≥ s
+        qe, qo = _load_even_odd(q_ptr, offs_t, mt, offs_h, D)
+        ke, ko = _load_even_odd(k_ptr, offs_t, mt, offs_h, D)
+        v = _load_rows(v_ptr, offs_t, mt, offs_dv, mdv, DV)
+        g, delta = _row_grads(do_ptr, o_ptr, den_ptr, offs_t, mt, offs_dv, mdv, DV, NORMALIZE)
+        if ROPE:
+            cos, sin = _angles(offs_t, theta)
+            qre, qro = _rotate(qe, qo, cos, sin)
+            kre, kro = _rotate(ke, ko, cos, sin)
+        else:
+            qre, qro, kre, kro = qe, qo, ke, ko
+        vg = tl.where(anti, tl.dot(v, tl.trans(g), input_precision=PREC), 0.0)  # (s, t): v_s·g_t
+        dke = tl.dot(vg, qre, input_precision=PREC) + tl.dot(v, tl.trans(ds_even), input_precision=PREC)
+        dko = tl.dot(vg, qro, input_precision=PREC) + tl.dot(v, tl.trans(ds_odd), input_precision=PREC)
+        kq = tl.dot(kre, tl.trans(qre), input_precision=PREC)
+        kq += tl.dot(kro, tl.trans(qro), input_precision=PREC)
+        kq = tl.where(anti, kq, 0.0)  # (s, t): k̃_s·q̃_t
+        dv = tl.dot(kq, g, input_precision=PREC)
+        dv += tl.dot(kre, ds_even, input_precision=PREC) + tl.dot(kro, ds_odd, input_precision=PREC)
+        if ROPE:
+            dke, dko = _rotate(dke, dko, cos, -sin)
+        if NORMALIZE:
+            emat = tl.where(anti, delta[None, :], 0.0)  # (s, t): δ_t
+            dke += tl.dot(emat, qe, input_precision=PREC) + dz_even[None, :]
+            dko += tl.dot(emat, qo, input_precision=PREC) + dz_odd[None, :]
+            dz_even += tl.sum(delta[:, None] * qe, axis=0)
+            dz_odd += tl.sum(delta[:, None] * qo, axis=0)
+        _store_even_odd(dk_ptr, dke, dko, offs_t, mt, offs_h, D)
+        tl.store(dv_ptr + offs_t[:, None] * DV + offs_dv[None, :], dv.to(dv_ptr.dtype.element_ty),
+                 mask=mt[:, None] & mdv[None, :])
+        ds_even += tl.dot(tl.trans(qre), g, input_precision=PREC)
+        ds_odd += tl.dot(tl.trans(qro), g, input_precision=PREC)
+
+
 @autotune(_CONFIGS, key=["BLOCK_DH", "BLOCK_DV", "ROPE", "NORMALIZE"])
 @triton.jit
 def _causal_linear_bwd_kernel(
@@ -156,93 +265,11 @@ def _causal_linear_bwd_kernel(
     do_ptr += i_bh * N * DV
     den_ptr += i_bh * N
     offs_h = tl.arange(0, BLOCK_DH)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    mdv = offs_dv < DV
     theta = tl.load(theta_ptr + i_h * (D // 2) + offs_h, mask=offs_h < D // 2, other=0.0)
-
-    # ---- sweep 1, forward in time: dq ----
-    s_even = tl.zeros((BLOCK_DH, BLOCK_DV), dtype=tl.float32)
-    s_odd = tl.zeros((BLOCK_DH, BLOCK_DV), dtype=tl.float32)
-    z_even = tl.zeros((BLOCK_DH,), dtype=tl.float32)
-    z_odd = tl.zeros((BLOCK_DH,), dtype=tl.float32)
-    for start in range(0, N, BT):
-        offs_t = start + tl.arange(0, BT)
-        mt = offs_t < N
-        causal = offs_t[:, None] >= offs_t[None, :]
-        ke, ko = _load_even_odd(k_ptr, offs_t, mt, offs_h, D)
-        v_ptrs = v_ptr + offs_t[:, None] * DV + offs_dv[None, :]
-        v = tl.load(v_ptrs, mask=mt[:, None] & mdv[None, :], other=0.0).to(tl.float32)
-        g, delta = _row_grads(do_ptr, o_ptr, den_ptr, offs_t, mt, offs_dv, mdv, DV, NORMALIZE)
-        if ROPE:
-            ang = offs_t.to(tl.float32)[:, None] * theta[None, :]
-            cos = tl.cos(ang)
-            sin = tl.sin(ang)
-            kre = ke * cos - ko * sin
-            kro = ke * sin + ko * cos
-        else:
-            kre, kro = ke, ko
-        gv = tl.where(causal, tl.dot(g, tl.trans(v), input_precision=PREC), 0.0)  # (t, s): g_t·v_s
-        dqe = tl.dot(gv, kre, input_precision=PREC) + tl.dot(g, tl.trans(s_even), input_precision=PREC)
-        dqo = tl.dot(gv, kro, input_precision=PREC) + tl.dot(g, tl.trans(s_odd), input_precision=PREC)
-        if ROPE:  # transpose rotation (by −angle) of the numerator gradient
-            dqe, dqo = dqe * cos + dqo * sin, dqo * cos - dqe * sin
-        if NORMALIZE:
-            dmat = tl.where(causal, delta[:, None], 0.0)  # (t, s): δ_t
-            dqe += tl.dot(dmat, ke, input_precision=PREC) + delta[:, None] * z_even[None, :]
-            dqo += tl.dot(dmat, ko, input_precision=PREC) + delta[:, None] * z_odd[None, :]
-            z_even += tl.sum(ke, axis=0)
-            z_odd += tl.sum(ko, axis=0)
-        _store_even_odd(dq_ptr, dqe, dqo, offs_t, mt, offs_h, D)
-        s_even += tl.dot(tl.trans(kre), v, input_precision=PREC)
-        s_odd += tl.dot(tl.trans(kro), v, input_precision=PREC)
-
-    # ---- sweep 2, backward in time: dk, dv ----
-    ds_even = tl.zeros((BLOCK_DH, BLOCK_DV), dtype=tl.float32)  # Σ_{later t} q̃_tᵀ g_t
-    ds_odd = tl.zeros((BLOCK_DH, BLOCK_DV), dtype=tl.float32)
-    dz_even = tl.zeros((BLOCK_DH,), dtype=tl.float32)  # Σ_{later t} δ_t q_t
-    dz_odd = tl.zeros((BLOCK_DH,), dtype=tl.float32)
-    n_chunks = tl.cdiv(N, BT)
-    for i in range(0, n_chunks):
-        start = (n_chunks - 1 - i) * BT
-        offs_t = start + tl.arange(0, BT)
-        mt = offs_t < N
-        anti = offs_t[:, None] <= offs_t[None, :]  # (s, t): t ≥ s
-        qe, qo = _load_even_odd(q_ptr, offs_t, mt, offs_h, D)
-        ke, ko = _load_even_odd(k_ptr, offs_t, mt, offs_h, D)
-        v_ptrs = v_ptr + offs_t[:, None] * DV + offs_dv[None, :]
-        v = tl.load(v_ptrs, mask=mt[:, None] & mdv[None, :], other=0.0).to(tl.float32)
-        g, delta = _row_grads(do_ptr, o_ptr, den_ptr, offs_t, mt, offs_dv, mdv, DV, NORMALIZE)
-        if ROPE:
-            ang = offs_t.to(tl.float32)[:, None] * theta[None, :]
-            cos = tl.cos(ang)
-            sin = tl.sin(ang)
-            qre = qe * cos - qo * sin
-            qro = qe * sin + qo * cos
-            kre = ke * cos - ko * sin
-            kro = ke * sin + ko * cos
-        else:
-            qre, qro, kre, kro = qe, qo, ke, ko
-        vg = tl.where(anti, tl.dot(v, tl.trans(g), input_precision=PREC), 0.0)  # (s, t): v_s·g_t
-        dke = tl.dot(vg, qre, input_precision=PREC) + tl.dot(v, tl.trans(ds_even), input_precision=PREC)
-        dko = tl.dot(vg, qro, input_precision=PREC) + tl.dot(v, tl.trans(ds_odd), input_precision=PREC)
-        kq = tl.dot(kre, tl.trans(qre), input_precision=PREC)
-        kq += tl.dot(kro, tl.trans(qro), input_precision=PREC)
-        kq = tl.where(anti, kq, 0.0)  # (s, t): k̃_s·q̃_t
-        dv = tl.dot(kq, g, input_precision=PREC)
-        dv += tl.dot(kre, ds_even, input_precision=PREC) + tl.dot(kro, ds_odd, input_precision=PREC)
-        if ROPE:
-            dke, dko = dke * cos + dko * sin, dko * cos - dke * sin
-        if NORMALIZE:
-            emat = tl.where(anti, delta[None, :], 0.0)  # (s, t): δ_t
-            dke += tl.dot(emat, qe, input_precision=PREC) + dz_even[None, :]
-            dko += tl.dot(emat, qo, input_precision=PREC) + dz_odd[None, :]
-            dz_even += tl.sum(delta[:, None] * qe, axis=0)
-            dz_odd += tl.sum(delta[:, None] * qo, axis=0)
-        _store_even_odd(dk_ptr, dke, dko, offs_t, mt, offs_h, D)
-        tl.store(dv_ptr + offs_t[:, None] * DV + offs_dv[None, :], dv.to(dv_ptr.dtype.element_ty),
-                 mask=mt[:, None] & mdv[None, :])
-        ds_even += tl.dot(tl.trans(qre), g, input_precision=PREC)
-        ds_odd += tl.dot(tl.trans(qro), g, input_precision=PREC)
+    _dq_sweep(k_ptr, v_ptr, o_ptr, den_ptr, do_ptr, dq_ptr, theta, N, D, DV,
+              BT, BLOCK_DH, BLOCK_DV, ROPE, NORMALIZE, PREC)
+    _dkdv_sweep(q_ptr, k_ptr, v_ptr, o_ptr, den_ptr, do_ptr, dk_ptr, dv_ptr, theta, N, D, DV,
+                BT, BLOCK_DH, BLOCK_DV, ROPE, NORMALIZE, PREC)
 
 
 def _precision(dtype: torch.dtype) -> str:
