@@ -11,7 +11,8 @@
 * ``trials/<trial_id>.history.jsonl``: the epochs of a trial still running, one line each, appended as they are
   reported and deleted once its record is written. A sweep killed mid-trial and resumed keeps the epochs before
   the kill: the resumed trial continues from its checkpoint, and an epoch run again past that checkpoint
-  replaces the line it had.
+  replaces the line it had. A recorded trial that trains again (:func:`study.search.records.trains_on`) starts
+  from its record's epochs, and the lines of a continuation that was killed in turn go after them.
 
 Every file is written to a temporary name in the same folder, then ``os.replace``d into place, so a reader (or a
 crash) never sees half a file (:mod:`study.search.records` reads and writes the files of ``trials/``).
@@ -366,10 +367,14 @@ class SweepRecorder(Callback):
         self.history = read_partial_histories(Path(self.out_dir) / RECORDS_DIR)
         self.records = read_records(Path(self.out_dir) / RECORDS_DIR)
         for trial_id, record in self.records.items():
-            if trains_on(record) and trial_id not in self.history:
+            if trains_on(record):
                 # it trains again, from its last checkpoint if it has one: keep the epochs it reported, as for a
-                # trial that was running when the study was killed
-                self.history[trial_id] = record["history"]
+                # trial that was running when the study was killed. A continuation killed in its turn left only
+                # its own epochs in the partial history, so those go after the record's.
+                history = record["history"]
+                for row in self.history.get(trial_id, []):
+                    history = append_history(history, row)
+                self.history[trial_id] = history
         self._writer = TableWriter(self._write_tables)
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:

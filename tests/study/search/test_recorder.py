@@ -201,3 +201,39 @@ def test_a_row_spreads_the_best_epochs_model_statistics_as_columns() -> None:
     bare = recorder_module.build_row(context, {"trial_id": "t1", "status": "completed", "config": {},
                                                "last_report": {"epoch": 1, "extra_json": "{}"}})
     assert not [key for key in bare if key.startswith("extra.")]
+
+
+def test_a_trial_the_budget_stopped_then_a_kill_interrupted_keeps_every_epoch(tmp_path: Path) -> None:
+    """The budget records a trial at epoch 2; a resume with more time continues it and is killed at epoch 4. The
+    record holds epochs 1-2 and trials/<id>.history.jsonl only the epochs the continuation reported, so the next
+    resume must join them: history.parquet once started at epoch 3 for such a trial."""
+    trial = SimpleNamespace(trial_id="t0", config={"lr": 0.01})
+
+    def report(recorder: SweepRecorder, epochs: range) -> None:
+        for epoch in epochs:
+            recorder.on_trial_result(epoch, [], trial, {"epoch": epoch, "best_epoch": epoch, "train_loss": 1.0,
+                                                        "best_valid_ndcg@10": 0.1 * epoch, "done": False})
+
+    stopped = _recorder(tmp_path)
+    stopped.context["base_settings"] = {"max_epochs": 100, "patience": 0}
+    stopped.clock = SimpleNamespace(spent=True)
+    stopped.setup()
+    report(stopped, range(1, 3))
+    stopped.on_experiment_end(trials=[trial])
+    assert read_records(tmp_path / "trials")["t0"]["stop_reason"] == "study_time_budget"
+
+    continued = pickle.loads(pickle.dumps(stopped))
+    continued.clock = SimpleNamespace(spent=False)
+    continued.setup()
+    report(continued, range(3, 5))
+    continued.close()  # then SIGKILL: no record of the continuation, only its partial history
+
+    resumed = pickle.loads(pickle.dumps(stopped))
+    resumed.clock = SimpleNamespace(spent=False)
+    resumed.setup()
+    assert [row["epoch"] for row in resumed.history["t0"]] == [1, 2, 3, 4]
+    report(resumed, range(4, 7))  # from the checkpoint of epoch 3
+    resumed.on_trial_complete(6, [], trial)
+    resumed.on_experiment_end(trials=[])
+    assert [row["epoch"] for row in read_records(tmp_path / "trials")["t0"]["history"]] == [1, 2, 3, 4, 5, 6]
+    assert pd.read_parquet(tmp_path / "history.parquet")["epoch"].tolist() == [1, 2, 3, 4, 5, 6]
