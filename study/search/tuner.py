@@ -1,7 +1,8 @@
 """The Ray Tune side of a study run (:mod:`study.search.runner`): the trainable, a new Tuner or one restored from
 ``tune/`` and pointed at this session, and the console reporter both use.
 
-Ray is imported inside the functions, as everywhere in the sweep: only once there is something to run.
+Ray is imported inside the functions, as everywhere in the sweep, but for the Tune callbacks' base class, which
+:mod:`study.search.recorder` imports too.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import functools
 import os
 from pathlib import Path
 from typing import Any
+
+from ray.tune import Callback
 
 from study.layout import TUNE_DIR
 from study.search.budget import StudyClock, StudyEstimate, fit_line
@@ -29,6 +32,38 @@ from study.search.trial import TrialPlan, sweep_trial, tune_key
 from study.spec.resolved import Study
 from study.storage import Mirror
 from study.train.trainer import TrialData
+
+
+class CheckpointLedger(Callback):
+    """Keeps a trial's list of kept checkpoints true to the folders on disk, just before Tune adds a new one.
+
+    Tune deletes a trial's oldest checkpoints past ``checkpoint.keep`` by the paths in that list, which a resumed
+    study restores from ``tune/``. Two kinds of entry in it are wrong after a Ctrl-C or a kill:
+
+    * a folder the trial deleted after the study's state was last saved: deleting it again fails, and Tune logs a
+      traceback and skips the rest of that checkpoint's bookkeeping;
+    * the folder the new checkpoint was just written to: the saved checkpoint index can lag the saved list by one,
+      so a restored trial writes its next checkpoint under the name of the one it restored from. Dropping the old
+      entry would then delete the new checkpoint; with ``keep: 1`` it is the only one, and the next resume finds
+      no checkpoint.
+
+    Both are dropped from the list before the new checkpoint is registered. Ray has no public accessor for the
+    list, so a Ray that renames it fails here loudly rather than deleting checkpoints.
+    """
+
+    def on_checkpoint(self, iteration: int, trials: list, trial: Any, checkpoint: Any, **info: Any) -> None:
+        forget_stale_checkpoints(trial.run_metadata.checkpoint_manager, checkpoint)
+
+
+def forget_stale_checkpoints(manager: Any, new: Any) -> None:
+    """Drop from Tune's checkpoint ``manager`` every entry at ``new``'s path or at a path that no longer exists."""
+    from pyarrow.fs import FileType
+
+    def exists(checkpoint: Any) -> bool:
+        return checkpoint.filesystem.get_file_info(checkpoint.path).type != FileType.NotFound
+
+    manager._checkpoint_results = [result for result in manager._checkpoint_results
+                                   if result.checkpoint.path != new.path and exists(result.checkpoint)]
 
 
 def console_reporter(study: Study, estimate: StudyEstimate | None, concurrency: int) -> Any:
@@ -78,7 +113,8 @@ def make_tuner(study: Study, out: Path, mirror: Mirror, trainable: Any, storage_
         param_space=None if points is None else points_space(points),
         tune_config=tune.TuneConfig(**search, reuse_actors=True),
         run_config=tune.RunConfig(name=TUNE_DIR, storage_path=str(out), stop=clock,
-                                  callbacks=[recorder, *tracking_callbacks(study.tracking, base_settings)],
+                                  callbacks=[recorder, CheckpointLedger(),
+                                             *tracking_callbacks(study.tracking, base_settings)],
                                   checkpoint_config=tune.CheckpointConfig(num_to_keep=study.checkpoint.keep),
                                   failure_config=tune.FailureConfig(max_failures=max_failures),
                                   progress_reporter=console_reporter(study, estimate, concurrency),
@@ -115,6 +151,8 @@ def _relocate(tuner: Any, out: Path, mirror: Mirror, storage_url: str, clock: St
         raise RuntimeError("the restored Tune run has no SweepRecorder; cannot resume this study here")
     for recorder in recorders:
         recorder.out_dir, recorder.mirror, recorder.clock = str(out), mirror, clock
+    if not any(isinstance(c, CheckpointLedger) for c in run_config.callbacks):  # a study begun without one
+        run_config.callbacks.append(CheckpointLedger())
     run_config.stop = clock
     # the console of a resumed study is this session's too: Tune's classic output with the study's short lines
     run_config.progress_reporter = console_reporter(study, estimate, concurrency)
