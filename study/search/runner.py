@@ -119,6 +119,15 @@ def _study_file_text(study: Study) -> str:
     return f"# resolved from {study.source}\n{adapted}{study.to_yaml()}"
 
 
+def setting_changes(key: str, stored: Any, given: Any) -> list[str]:
+    """``key.sub: stored -> given`` for each setting under ``key`` that differs (``key`` alone when it is no
+    mapping), so a refused resume names what the command changed: ``budget.time_budget_s: 400 -> 170``."""
+    if isinstance(stored, dict) and isinstance(given, dict):
+        return [line for sub in sorted(set(stored) | set(given), key=str) if stored.get(sub) != given.get(sub)
+                for line in setting_changes(f"{key}.{sub}", stored.get(sub), given.get(sub))]
+    return [f"{key}: {stored!r} -> {given!r}"]
+
+
 def _check_resume(study: Study, out: Path, resume: bool) -> None:
     import yaml
     from ray.tune import Tuner
@@ -135,7 +144,9 @@ def _check_resume(study: Study, out: Path, resume: bool) -> None:
         changed = sorted(k for k in set(stored) | set(current) if k != "storage" and stored.get(k) != current.get(k)
                          and not (more and k in ("budget", "searcher")))
         if changed:
-            raise UserError(f"{out / STUDY_FILE} differs from this study in: {', '.join(changed)}; --resume continues "
+            differences = "; ".join(line for key in changed for line in setting_changes(key, stored.get(key),
+                                                                                       current.get(key)))
+            raise UserError(f"{out / STUDY_FILE} differs from this study in: {differences}. --resume continues "
                             "the same study (start a new one under another name or storage), and may only give it "
                             "more time or samples (budget.time_budget_s, budget.num_samples)")
         check_work_left(study, out)

@@ -167,7 +167,8 @@ def test_a_finished_study_resumes_only_with_more_samples(tmp_path: Path, synthet
         assert code == 0 and "has run all its budget.num_samples=1 trials" in stdout, err
         assert "1 trials: 1 ok" in stdout  # replayed, not trained again
         code, _, err = run("--resume", "--set", "budget.max_epochs=2")
-        assert code == 2 and "differs from this study in: budget" in err, err
+        # one line naming the setting the command changed, with the study's value and the one given
+        assert code == 2 and "differs from this study in: budget.max_epochs: 1 -> 2. --resume" in err, err
         code, _, err = run("--resume", "--set", "budget.num_samples=2")
         assert code == 0, err[-3000:]
     finally:
