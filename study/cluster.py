@@ -125,6 +125,8 @@ def start_ray(address: str = LOCAL, *, dashboard: bool = False, num_cpus: int | 
     if ray.is_initialized():
         return False
     address = check_address(address)
+    if not sys.stdout.isatty():  # a log file or a pipe: the trials' lines without the terminal's colour codes
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     kwargs: dict[str, Any] = {"runtime_env": runtime_env(address), "log_to_driver": not quiet,
                               "configure_logging": True, "logging_level": logging.WARNING}
     if address == LOCAL:

@@ -292,3 +292,22 @@ def test_an_error_on_the_head_reaches_the_ray_client_as_an_error_line(tmp_path: 
     assert done.returncode == 2, done.stderr[-3000:]
     assert "error: each trial asks for 0.5 GPU (resources.gpu) but the Ray cluster has no GPU" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_trial_lines_in_a_log_file_carry_no_colour_codes(monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    """A sweep whose output goes to a file (nohup, a cluster job's log) prints its trials' lines through Ray's own
+    printer without the escape codes a terminal would turn into colour."""
+    import ray
+    from ray._private.worker import print_worker_logs
+
+    from study import cluster
+
+    monkeypatch.delenv("RAY_COLOR_PREFIX", raising=False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: None)
+    assert cluster.start_ray("local", num_cpus=2, quiet=True)  # pytest's captured stdout is no terminal
+    line = {"pid": "4242", "ip": "10.0.0.1", "localhost": "10.0.0.1", "lines": ["Restored from checkpoint"],
+            "actor_name": "", "task_name": "sweep_trial"}
+    print_worker_logs(line, sys.stdout)
+    out = capsys.readouterr().out
+    assert out == "(sweep_trial pid=4242) Restored from checkpoint\n"
