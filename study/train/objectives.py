@@ -77,14 +77,15 @@ def resolve_windows(objective: str, window_step: int | None, window_targets: str
     (``SeqRecModel.whole_history_windows``; else each user's newest window), windows max_len / 5 apart with
     ``new``, so each target older than the newest window sees at least 0.8 x max_len items of context, and an
     epoch computes about five windows per max_len items of history beyond the newest window. ``last`` trains on
-    every prefix and has no windows: a step or targets given with it are an error, as are ``new`` under cloze and
-    a step past max_len (it would skip items).
+    every prefix and has no windows: a step or ``new`` given with it are an error, as are ``new`` under cloze and a
+    step past max_len (it would skip items). Resolved settings resolve to themselves.
     """
     def refuse(key: str, why: str) -> ConfigError:
         return ConfigError([(key, f"{why}; this trial trains {model_name} with {objective!r}")])
 
     if objective == "last":
-        if window_step or window_targets:
+        # (0, "all") is what `last` resolves to: settings resolved once (a step's, handed to another) pass again
+        if window_step or window_targets not in (None, "all"):
             raise refuse("window_step" if window_step else "window_targets",
                          "`last` trains on every prefix of the whole history, not on windows")
         return 0, "all"

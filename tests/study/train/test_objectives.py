@@ -119,6 +119,32 @@ def test_window_settings_resolve_per_objective_and_refuse_what_they_cannot_mean(
     assert (step.train.window_step, step.train.window_targets) == (1, "new")
 
 
+def test_settings_a_step_resolved_resolve_to_themselves_for_every_model_and_objective():
+    """A step built from another step's settings (the sweep's cost estimate does this) runs as the first one does:
+    `last` once refused the (0, "all") it resolves to, so every study trained with `last` failed before its
+    first trial."""
+    checked = []
+    for name in models.available():
+        users = {"num_users": 5} if models.model_class(name).needs_users else {}
+        model = models.build(name, num_items=30, max_len=10, **users)
+        for objective in (*model.objectives, *(["sampled_ce"] if "causal" in model.objectives else [])):
+            step = TrainStep(model, TrainConfig(objective=objective))
+            assert TrainStep(model, step.train).train == step.train, (name, objective)
+            checked.append((name, objective))
+    assert {("elastic", "last"), ("bert4rec", "cloze"), ("sasrec", "sampled_ce"), ("sasrec", "causal")} <= set(checked)
+
+
+def test_the_cost_of_a_last_epoch_is_estimated(synthetic_lastfm_prepared):
+    """The estimate every sweep prints before its first trial, for a `last` trial: the call that failed."""
+    from study.train.cost import epoch_cost
+
+    data = TrialData.from_prepared(synthetic_lastfm_prepared, max_len=10)
+    step = TrainStep(models.build("elastic", num_items=data.num_items, max_len=10),
+                     TrainConfig(objective="last", prefixes_per_user=2, batch_size=64))
+    cost = epoch_cost(step, data, step.train, torch.device("cpu"))
+    assert cost.windows == 2 * len(data.test.inputs) and cost.step_s > 0  # two prefixes of every user
+
+
 def test_new_target_windows_score_every_training_item_once_with_context():
     sizes = (1, 2, 4, 5, 6, 7, 9, 13, 30, 61)
     ids = np.arange(1, sum(sizes) + 1)  # distinct item ids: each one is one (user, position) of a history
