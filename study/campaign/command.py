@@ -176,7 +176,7 @@ def run(options: argparse.Namespace) -> int:
                     archive_study(folder, campaign.records)
         sections += dataset_page(campaign, dataset, folders, options, epoch_limit, page, reports)
     if not sections:  # nothing to report (a machine without results or records): keep what the page says
-        print(f"no study has results to report; {page} is left as it is", file=sys.stderr)
+        print(f"nothing to report; {page} is left as it is", file=sys.stderr)
         return 0
     write_page(sections, page, campaign.name)
     print(f"page: {page}")
@@ -190,8 +190,13 @@ def dataset_page(campaign: Campaign, dataset: str, folders: dict[str, Path], opt
     compared = {k: v for k, v in folders.items() if k not in published}
     if folders:
         prepare_for_report(campaign, dataset, options.sources.get(dataset))
-    lines = (report(campaign, dataset, compared, epoch_limit, page, reports)
-             if campaign.reference in compared and len(compared) > 1 else [])
+    reportable = campaign.reference in compared and len(compared) > 1
+    if compared and not reportable:  # finished studies that no report names would read as lost: say why
+        why = (f"the reference study {campaign.reference!r} has no finished seed; run it with the others "
+               f"(--studies {campaign.reference} …)" if campaign.reference not in compared
+               else f"only the reference study {campaign.reference!r} has finished seeds")
+        print(f"{dataset}: no comparison reported: {why}", file=sys.stderr)
+    lines = report(campaign, dataset, compared, epoch_limit, page, reports) if reportable else []
     lines += published_section(campaign, dataset, published, epoch_limit) if published else []
     return [f"## {dataset}", "", *lines] if lines else []
 

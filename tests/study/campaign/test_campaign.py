@@ -351,6 +351,23 @@ def test_a_page_keeps_its_hand_written_text_and_no_results_leave_it_alone(campai
     assert fresh.read_text() == f"# Toy\n\n{BEGIN}\nx\n{END}\n"
 
 
+def test_finished_studies_without_their_reference_say_why_no_comparison_is_reported(campaign_file: Path,
+                                                                                      capsys) -> None:
+    """A --quick or --studies run that left out the reference study finishes its studies and writes no page: one
+    line says why, so the finished studies do not read as lost."""
+    write_study(Path("results/toy-small-b"), [1, 2, 3])
+    page = campaign_file.parent / "README.md"
+    assert main([str(campaign_file), "--report-only"]) == 0
+    err = capsys.readouterr().err
+    assert ("small: no comparison reported: the reference study 'a' has no finished seed; run it with the others "
+            "(--studies a …)") in err
+    assert f"nothing to report; {page} is left as it is" in err and not page.exists()
+    write_study(Path("results/toy-small-a"), [1, 2, 3])
+    Path("results/toy-small-b/trials.parquet").unlink()  # b is no longer finished; the reference alone is
+    assert main([str(campaign_file), "--report-only"]) == 0
+    assert "small: no comparison reported: only the reference study 'a' has finished seeds" in capsys.readouterr().err
+
+
 def test_the_progress_line_reads_the_running_trials_epoch_files(tmp_path: Path) -> None:
     folder = tmp_path / "toy-small-a"
     (folder / "trials").mkdir(parents=True)
