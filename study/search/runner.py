@@ -56,7 +56,7 @@ from study.search.recorder import build_row, summary, write_tables
 from study.search.records import atomic_write_text, read_records
 from study.search.searcher import close_orphans
 from study.search.trial import TrialPlan
-from study.search.tuner import make_trainable, make_tuner, restore_tuner
+from study.search.tuner import make_trainable, make_tuner, remove_unkept_checkpoints, restore_tuner
 from study.search.windows import (
     STREAM_SAMPLE_ROWS,
     STREAM_SHUFFLE_ROWS,
@@ -331,13 +331,15 @@ def _trial_plan(study: Study, out: Path, shuffle_rows: int, *, resume: bool, on_
 
 def _fit(tuner: Any, clock: StudyClock, mirror: Mirror, board: OptunaDashboard | None) -> None:
     """The trials' run. A Ctrl-C or a crash first pushes what finished to storage, so that ``--resume`` works from
-    anywhere; the clock is saved and the dashboard stopped however the run ends."""
+    anywhere; the clock is saved and the dashboard stopped however the run ends. A run that ended leaves each trial
+    only the checkpoints the study keeps."""
     try:
         with TuneMessages() as tune_messages:
-            tuner.fit()
+            results = tuner.fit()
         # Tune caught a Ctrl-C (or the clock's signal), saved its state and returned as if the study ended
         if tune_messages.interrupted and not clock.spent:
             raise KeyboardInterrupt
+        remove_unkept_checkpoints(results)
     except BaseException:  # Ctrl-C or a crash: what finished goes to storage, for a --resume anywhere
         with contextlib.suppress(Exception):
             mirror.push(force=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,9 @@ from study.search.trial import TrialPlan, sweep_trial, tune_key
 from study.spec.resolved import Study
 from study.storage import Mirror
 from study.train.trainer import TrialData
+
+# how Tune names a trial's checkpoint folders (checkpoint_000003)
+CHECKPOINT_PREFIX = "checkpoint_"
 
 
 class CheckpointLedger(Callback):
@@ -64,6 +68,29 @@ def forget_stale_checkpoints(manager: Any, new: Any) -> None:
 
     manager._checkpoint_results = [result for result in manager._checkpoint_results
                                    if result.checkpoint.path != new.path and exists(result.checkpoint)]
+
+
+def remove_unkept_checkpoints(results: Iterable[Any]) -> int:
+    """Delete every checkpoint folder of a trial that Tune does not keep; returns how many went.
+
+    When a run ends under its trials (the study's time budget, a scheduler's stop), a trial may have written a
+    checkpoint that the driver never registered. Tune does not restore from it, does not count it against
+    ``checkpoint.keep`` and never deletes it: the trial's folder holds one checkpoint more than the study keeps,
+    until a resume writes over it. ``results`` are the ended run's (``tuner.fit()``'s result grid), whose kept
+    checkpoints are the registered ones; nothing writes to a trial's folder once the fit has returned.
+    """
+    from pyarrow.fs import FileSelector, FileType
+
+    removed = 0
+    for result in results:
+        kept = {checkpoint.path for checkpoint, _ in result.best_checkpoints or []}
+        filesystem = result.filesystem
+        for entry in filesystem.get_file_info(FileSelector(result.path, allow_not_found=True)):
+            if (entry.type == FileType.Directory and entry.base_name.startswith(CHECKPOINT_PREFIX)
+                    and entry.path not in kept):
+                filesystem.delete_dir(entry.path)
+                removed += 1
+    return removed
 
 
 def console_reporter(study: Study, estimate: StudyEstimate | None, concurrency: int) -> Any:

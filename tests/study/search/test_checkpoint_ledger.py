@@ -1,5 +1,6 @@
 """The list of kept checkpoints a resumed trial restores from ``tune/`` can name folders that are gone, or the
-folder its next checkpoint is written to; CheckpointLedger corrects it before Tune's own manager deletes by it."""
+folder its next checkpoint is written to; CheckpointLedger corrects it before Tune's own manager deletes by it. A
+checkpoint written but never registered when a run ended is removed with the run's results."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import pytest
 from ray.train import Checkpoint, CheckpointConfig
 from ray.train._internal.checkpoint_manager import _CheckpointManager
 from ray.train._internal.session import _TrainingResult
+from ray.tune import Result
 
-from study.search.tuner import CheckpointLedger
+from study.search.tuner import CheckpointLedger, remove_unkept_checkpoints
 
 
 def _result(folder: Path, epoch: int) -> _TrainingResult:
@@ -64,3 +66,33 @@ def test_a_checkpoint_deleted_after_the_last_state_save_is_forgotten(tmp_path: P
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_000003", "checkpoint_000004"]
     assert [Path(r.checkpoint.path).name for r in manager.best_checkpoint_results] == ["checkpoint_000003",
                                                                                        "checkpoint_000004"]
+
+
+def _ended_trial(folder: Path, manager: _CheckpointManager) -> Result:
+    """The trial's entry in ``tuner.fit()``'s result grid, built as Tune builds it from the trial's manager."""
+    (folder / "result.json").write_text("{}")
+    kept = [(result.checkpoint, result.metrics) for result in manager.best_checkpoint_results]
+    return Result(metrics={}, checkpoint=kept[-1][0] if kept else None, error=None, path=str(folder),
+                  best_checkpoints=kept)
+
+
+def test_a_checkpoint_written_but_never_registered_is_removed_when_the_run_ends(tmp_path: Path) -> None:
+    """keep: 2. The budget stopped the first trial after its worker wrote checkpoint_000004, which the driver never
+    registered; the second stopped before its first checkpoint was registered. A data-parallel trial keeps its
+    checkpoints inside its Train run's folder, which is not Tune's to prune."""
+    first = tmp_path / "trial_a"
+    manager = _restored_manager(2, [_result(first / f"checkpoint_00000{i}", i) for i in (1, 2, 3)])
+    _result(first / "checkpoint_000004", 4)
+    second = tmp_path / "trial_b"
+    _result(second / "checkpoint_000000", 1)
+    parallel = tmp_path / "trial_c"
+    _result(parallel / "run" / "checkpoint_2026-01-01_00-00-00.000000", 1)
+    results = [_ended_trial(first, manager), _ended_trial(second, _restored_manager(2, [])),
+               _ended_trial(parallel, _restored_manager(2, []))]
+
+    assert remove_unkept_checkpoints(results) == 2
+    assert sorted(p.name for p in first.iterdir()) == ["checkpoint_000002", "checkpoint_000003", "result.json"]
+    assert (first / "checkpoint_000003" / "state.pt").read_text() == "epoch 3"
+    assert sorted(p.name for p in second.iterdir()) == ["result.json"]
+    assert (parallel / "run" / "checkpoint_2026-01-01_00-00-00.000000" / "state.pt").is_file()
+    assert remove_unkept_checkpoints(results) == 0

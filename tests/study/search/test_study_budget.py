@@ -38,6 +38,11 @@ def _history_epochs(record: dict) -> list[int]:
     return [int(row["epoch"]) for row in record["history"]]
 
 
+def _checkpoints_per_trial(out: Path) -> list[int]:
+    """How many checkpoint folders each trial of the study keeps in ``tune/``."""
+    return [len(list(trial.glob("checkpoint_*"))) for trial in (out / "tune").iterdir() if trial.is_dir()]
+
+
 def test_a_time_budget_keeps_the_trials_it_stops_and_a_resume_with_more_time_continues_them(
         tmp_path: Path, synthetic_lastfm_file: Path) -> None:
     out = tmp_path / "out"
@@ -73,6 +78,8 @@ def test_a_time_budget_keeps_the_trials_it_stops_and_a_resume_with_more_time_con
             first.kill()
     assert first.returncode == 0, stderr[-3000:]
     assert not (out / "sweep.lock").exists()
+    # checkpoint keep: 1, though the budget stopped the trials while they saved one more
+    assert max(_checkpoints_per_trial(out)) == 1
 
     records = {p.stem: json.loads(p.read_text()) for p in (out / "trials").glob("*.json")}
     stopped = {tid: r for tid, r in records.items() if r["stop_reason"] == "study_time_budget"}
@@ -125,6 +132,7 @@ def test_a_time_budget_keeps_the_trials_it_stops_and_a_resume_with_more_time_con
         assert kept == [{k: v for k, v in row.items() if k in kept[0]} for row in before["history"]]
     history = pd.read_parquet(out / "history.parquet")
     assert not history.duplicated(["trial_id", "epoch"]).any()
+    assert max(_checkpoints_per_trial(out)) == 1
 
 
 def test_a_finished_study_resumes_only_with_more_samples(tmp_path: Path, synthetic_lastfm_file: Path,
