@@ -167,7 +167,7 @@ def s3_bucket(s3_server: dict[str, str], request: pytest.FixtureRequest) -> str:
     return f"s3://{name}"
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def write_tiny_sweep():
     """Writes a two-minute SASRec study on ``SYNTHETIC_LASTFM`` (one epoch per trial, tiny model, each user's newest
     window only: the studies that use it test machinery, not what the windows teach)."""

@@ -24,6 +24,8 @@ from study.analysis.runs import config_id
 pytestmark = pytest.mark.slow
 
 MODELS = ("sasrec", "gru4rec")
+# max_concurrent 1: the second trial of each run reuses the first one's actor (Tune's reuse_actors), which saves the
+# fresh process's imports, a fifth of the fixture's CPU time; what is checked does not depend on trials overlapping
 STUDY_YAML = """\
 name: {name}
 model: {model}
@@ -35,7 +37,7 @@ search:
 objectives: {{valid_ndcg@10: max, peak_mem_mb: min, infer_ms_p50: min}}
 budget: {{num_samples: 2, max_epochs: 1}}
 scheduler: none
-resources: {{cpu: 1, gpu: 0, max_concurrent: 2}}
+resources: {{cpu: 1, gpu: 0, max_concurrent: 1}}
 storage: {storage}
 """
 

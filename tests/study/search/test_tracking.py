@@ -1,4 +1,5 @@
-"""Experiment trackers fed by a real sweep: an MLflow file store read back with MLflow's own client."""
+"""Experiment trackers fed by a real sweep: an MLflow file store read back with MLflow's own client, and W&B's
+offline runs."""
 
 from __future__ import annotations
 
@@ -21,27 +22,42 @@ def ray_session():
     ray.shutdown()
 
 
-@pytest.mark.slow
-def test_an_mlflow_file_store_holds_one_run_per_trial_with_its_epochs(tmp_path: Path, data_cache: Path, ray_session,
-                                                                      write_tiny_sweep,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    from mlflow.tracking import MlflowClient
-
+@pytest.fixture(scope="module")
+def tracked(tmp_path_factory: pytest.TempPathFactory, ray_session, write_tiny_sweep) -> Path:
+    """One sweep of two trials, two epochs each, logged to an MLflow file store and to W&B offline at once: each
+    tracker is its own Tune callback, so one sweep feeds both. Returns the folder that holds the study (``out``),
+    the MLflow store (``mlruns``) and W&B's runs (``wandb-runs``)."""
     from study.search.runner import run_study
-    from study.search.tracking import TRIAL_ID_TAG
     from study.spec.study_file import load_study
 
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 refuses new file stores unless told (docs)
-    out, store = tmp_path / "out", tmp_path / "mlruns"
-    path = write_tiny_sweep(tmp_path / "study.yaml", name="tracked", storage=out, samples=2)
-    run_study(load_study(path, [f"budget.max_epochs={EPOCHS}", "scheduler=none", "fixed.measure_efficiency=true",
-                                f"tracking={{mlflow: {{tracking_uri: 'file:{store}', experiment: tracked-x}}}}"]),
-              quiet=True)
+    root = tmp_path_factory.mktemp("tracked")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SEQREC_DATA", str(root / "cache"))  # never the user's cache
+        patch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 refuses new file stores unless told (docs)
+        # W&B without an account: offline runs under WANDB_DIR (`wandb sync` uploads them)
+        patch.setenv("WANDB_MODE", "offline")
+        patch.setenv("WANDB_DIR", str(root / "wandb-runs"))
+        patch.setenv("WANDB_SILENT", "true")
+        path = write_tiny_sweep(root / "study.yaml", name="tracked", storage=root / "out", samples=2)
+        trackers = f"{{mlflow: {{tracking_uri: 'file:{root / 'mlruns'}', experiment: tracked-x}}, " \
+                   "wandb: {project: wandb-tracked}}"
+        run_study(load_study(path, [f"budget.max_epochs={EPOCHS}", "scheduler=none", "fixed.measure_efficiency=true",
+                                    f"tracking={trackers}"]), quiet=True)
+    return root
+
+
+@pytest.mark.slow
+def test_an_mlflow_file_store_holds_one_run_per_trial_with_its_epochs(tracked: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from study.search.tracking import TRIAL_ID_TAG
+
+    out = tracked / "out"
     trials = pd.read_parquet(out / "trials.parquet").set_index("trial_id")
     assert (trials["status"] == "ok").all() and len(trials) == 2
     history = pd.read_parquet(out / "history.parquet")
 
-    client = MlflowClient(tracking_uri=f"file:{store}")
+    client = MlflowClient(tracking_uri=f"file:{tracked / 'mlruns'}")
     experiment = client.get_experiment_by_name("tracked-x")
     runs = client.search_runs([experiment.experiment_id])
     assert sorted(run.data.tags[TRIAL_ID_TAG] for run in runs) == sorted(trials.index)  # one run per trial
@@ -107,27 +123,14 @@ def test_a_resumed_session_logs_into_the_run_its_trial_already_has(tmp_path: Pat
 
 
 @pytest.mark.slow
-def test_wandb_offline_writes_one_run_per_trial_with_its_epochs(tmp_path: Path, data_cache: Path, ray_session,
-                                                                 write_tiny_sweep,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """W&B without an account: WANDB_MODE=offline writes each trial's run under WANDB_DIR (`wandb sync` uploads it).
-    The run file is W&B's binary log, whose records keep every logged key and value as text: each epoch's validation
-    NDCG@10, as history.parquet has it, is in its trial's run."""
-    from study.search.runner import run_study
-    from study.spec.study_file import load_study
-
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-runs"))
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    out = tmp_path / "out"
-    path = write_tiny_sweep(tmp_path / "study.yaml", name="wandb-tracked", storage=out, samples=2)
-    run_study(load_study(path, [f"budget.max_epochs={EPOCHS}", "scheduler=none",
-                                "tracking={wandb: {project: wandb-tracked}}"]), quiet=True)
-    trials = pd.read_parquet(out / "trials.parquet")
+def test_wandb_offline_writes_one_run_per_trial_with_its_epochs(tracked: Path) -> None:
+    """The run file is W&B's binary log, whose records keep every logged key and value as text: each epoch's
+    validation NDCG@10, as history.parquet has it, is in its trial's run."""
+    trials = pd.read_parquet(tracked / "out" / "trials.parquet")
     assert (trials["status"] == "ok").all() and len(trials) == 2
-    history = pd.read_parquet(out / "history.parquet")
+    history = pd.read_parquet(tracked / "out" / "history.parquet")
 
-    runs = {run.name.rsplit("-", 1)[1]: run for run in (tmp_path / "wandb-runs" / "wandb").glob("offline-run-*")}
+    runs = {run.name.rsplit("-", 1)[1]: run for run in (tracked / "wandb-runs" / "wandb").glob("offline-run-*")}
     assert sorted(runs) == sorted(trials["trial_id"])  # one run per trial, named by its Tune trial id
     for trial_id, run in runs.items():
         (log,) = run.glob("run-*.wandb")
