@@ -170,12 +170,17 @@ def s3_bucket(s3_server: dict[str, str], request: pytest.FixtureRequest) -> str:
 @pytest.fixture(scope="session")
 def write_tiny_sweep():
     """Writes a two-minute SASRec study on ``SYNTHETIC_LASTFM`` (one epoch per trial, tiny model, each user's newest
-    window only: the studies that use it test machinery, not what the windows teach)."""
+    window only: the studies that use it test machinery, not what the windows teach).
+
+    ``max_concurrent=1`` runs the trials one after another in one reused actor: on a CPU-bound test machine that
+    saves a fresh process's imports per trial, for tests whose trials need not overlap."""
     import textwrap
 
     options = ", ".join(f"{key}: {value}" for key, value in SYNTHETIC_LASTFM.items())
 
-    def write(path: Path, *, name: str, storage: str | Path, samples: int, gpu: float = 0) -> Path:
+    def write(path: Path, *, name: str, storage: str | Path, samples: int, gpu: float = 0,
+              max_concurrent: int | None = None) -> Path:
+        concurrency = "" if max_concurrent is None else f", max_concurrent: {max_concurrent}"
         path.write_text(textwrap.dedent(f"""
             name: {name}
             model: sasrec
@@ -186,7 +191,7 @@ def write_tiny_sweep():
               lr: {{loguniform: [1.0e-3, 1.0e-2]}}
             sampler: random
             budget: {{num_samples: {samples}, max_epochs: 1}}
-            resources: {{cpu: 1, gpu: {gpu}}}
+            resources: {{cpu: 1, gpu: {gpu}{concurrency}}}
             storage: {storage}
             """).lstrip())
         return path

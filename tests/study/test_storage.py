@@ -204,7 +204,7 @@ def test_a_sweep_mirrors_to_s3_and_resumes_from_it_on_a_machine_without_the_copy
     monkeypatch.chdir(tmp_path)  # a URI's working copy goes to ./results/<name>
     monkeypatch.setenv("SEQREC_DATA", str(tmp_path / "cache"))
     uri = f"{s3_bucket}/studies/mirrored"
-    study = write_tiny_sweep(tmp_path / "study.yaml", name="mirrored", storage=uri, samples=2)
+    study = write_tiny_sweep(tmp_path / "study.yaml", name="mirrored", storage=uri, samples=2, max_concurrent=1)
 
     def run(command: object, *args: str) -> tuple[int, str, str]:
         code = command.main([*args, "--quiet"])

@@ -67,7 +67,7 @@ def _check_console(done: subprocess.CompletedProcess, folder: Path) -> None:
 @pytest.mark.slow
 def test_sweep_and_replicate_consoles_are_clean_and_narrow(write_tiny_sweep, data_cache, tmp_path):
     out = tmp_path / "results"
-    study = write_tiny_sweep(tmp_path / "tiny.yaml", name="console", storage=out, samples=2)
+    study = write_tiny_sweep(tmp_path / "tiny.yaml", name="console", storage=out, samples=2, max_concurrent=1)
     done = _run(["study.sweep", str(study), "--num-cpus", "2"])
     # every note of a normal run (its first line, what a short budget adapted, the cost of the largest config) is
     # on stdout: stderr stays empty

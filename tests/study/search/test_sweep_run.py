@@ -350,7 +350,7 @@ def test_a_one_epoch_quick_run_turns_asha_off_and_runs(tmp_path: Path, data_cach
     from study.spec.study_file import load_study
 
     out = tmp_path / "out"
-    path = write_tiny_sweep(tmp_path / "study.yaml", name="quick", storage=out, samples=2)
+    path = write_tiny_sweep(tmp_path / "study.yaml", name="quick", storage=out, samples=2, max_concurrent=1)
     study = load_study(path, ["sampler=tpe", "scheduler={type: asha, grace_period: 3}", "budget.max_epochs=1"])
     assert study.scheduler is None and study.searcher.n_startup_trials == 2
     run_study(study, quiet=True)

@@ -38,7 +38,7 @@ def tracked(tmp_path_factory: pytest.TempPathFactory, ray_session, write_tiny_sw
         patch.setenv("WANDB_MODE", "offline")
         patch.setenv("WANDB_DIR", str(root / "wandb-runs"))
         patch.setenv("WANDB_SILENT", "true")
-        path = write_tiny_sweep(root / "study.yaml", name="tracked", storage=root / "out", samples=2)
+        path = write_tiny_sweep(root / "study.yaml", name="tracked", storage=root / "out", samples=2, max_concurrent=1)
         trackers = f"{{mlflow: {{tracking_uri: 'file:{root / 'mlruns'}', experiment: tracked-x}}, " \
                    "wandb: {project: wandb-tracked}}"
         run_study(load_study(path, [f"budget.max_epochs={EPOCHS}", "scheduler=none", "fixed.measure_efficiency=true",
