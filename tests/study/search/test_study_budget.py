@@ -78,7 +78,7 @@ def test_a_time_budget_keeps_the_trials_it_stops_and_a_resume_with_more_time_con
             first.kill()
     assert first.returncode == 0, stderr[-3000:]
     assert not (out / "sweep.lock").exists()
-    # checkpoint keep: 1, though the budget stopped the trials while they saved one more
+    # keep: 1, also where the budget stopped a trial after it wrote a checkpoint the driver never registered
     assert max(_checkpoints_per_trial(out)) == 1
 
     records = {p.stem: json.loads(p.read_text()) for p in (out / "trials").glob("*.json")}
