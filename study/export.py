@@ -37,7 +37,7 @@ import yaml
 
 from study.analysis.runs import TUNE_DIR, load_results, selection_metric
 from study.errors import UserError, print_error
-from study.layout import MODELS_DIR
+from study.layout import CHECKPOINT_PREFIX, MODELS_DIR
 from study.schema import upgrade_identity
 from study.train.state import BEST_INFO_FILE, BEST_WEIGHTS_FILE, load_state
 
@@ -77,7 +77,7 @@ def find_best_model(study_dir: Path, trial_id: str) -> tuple[dict[str, torch.Ten
         weights = torch.load(folder / BEST_WEIGHTS_FILE, map_location="cpu", weights_only=True)
         return weights, json.loads((folder / BEST_INFO_FILE).read_text())
     # a data-parallel trial's checkpoints lie in its Train run's folder, inside the Tune trial's
-    patterns = (f"{TUNE_DIR}/*{trial_id}*/checkpoint_*", f"{TUNE_DIR}/*{trial_id}*/*/checkpoint_*")
+    patterns = (f"{TUNE_DIR}/*{trial_id}*/{CHECKPOINT_PREFIX}*", f"{TUNE_DIR}/*{trial_id}*/*/{CHECKPOINT_PREFIX}*")
     checkpoints = [path for pattern in patterns for path in sorted(study_dir.glob(pattern)) if path.is_dir()]
     if checkpoints:
         # checkpoint_000004 sorts after checkpoint_000003, and Train's timestamped names sort by time: the newest

@@ -15,6 +15,7 @@ before it loads pandas, torch or Ray.
     history.parquet         one row per trial and epoch
     models/<id>/            each trial's best-validation model, on a local run (:mod:`study.train.state`)
     tune/                   Ray Tune's own experiment state (``--resume``), trial checkpoints, TensorBoard files
+    tune/<trial>/checkpoint_NNNNNN/   a trial's checkpoints, named by Tune (at most ``checkpoint.keep``)
     clock.json              the seconds of the study's time budget spent so far, over every session
     sweep.lock              held by the sweep writing the folder: host, process id, start time
     replicates/NNN/         one ``study.replicate`` batch: plan.json, trials/, tables
@@ -35,6 +36,7 @@ TRIALS_CSV_FILE = "trials.csv"
 HISTORY_FILE = "history.parquet"
 MODELS_DIR = "models"
 TUNE_DIR = "tune"
+CHECKPOINT_PREFIX = "checkpoint_"
 CLOCK_FILE = "clock.json"
 LOCK_FILE = "sweep.lock"
 REPLICATES_DIR = "replicates"

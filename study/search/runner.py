@@ -282,9 +282,11 @@ def _drive(study: Study, out: Path, mirror: Mirror, base_data: TrialData, train_
     if board is not None:
         print(board.line(), flush=True)
     fit_started = time.time()
-    _fit(tuner, clock, mirror, board)
+    results = _fit(tuner, clock, mirror, board)
     fit_wall = time.time() - fit_started
     _write_results(study, out, mirror, base_data.meta, storage_url, points)
+    # housekeeping once the results are safe: each trial keeps only the checkpoints the study asks for
+    remove_unkept_checkpoints(results)
     return {"fit_wall_s": fit_wall, "fit_started_at": fit_started, "meta": base_data.meta,
             "budget_spent": clock.spent}
 
@@ -329,17 +331,15 @@ def _trial_plan(study: Study, out: Path, shuffle_rows: int, *, resume: bool, on_
                      models_dir=None if on_cluster else str(out / MODELS_DIR))
 
 
-def _fit(tuner: Any, clock: StudyClock, mirror: Mirror, board: OptunaDashboard | None) -> None:
+def _fit(tuner: Any, clock: StudyClock, mirror: Mirror, board: OptunaDashboard | None) -> Any:
     """The trials' run. A Ctrl-C or a crash first pushes what finished to storage, so that ``--resume`` works from
-    anywhere; the clock is saved and the dashboard stopped however the run ends. A run that ended leaves each trial
-    only the checkpoints the study keeps."""
+    anywhere; the clock is saved and the dashboard stopped however the run ends. Returns Tune's result grid."""
     try:
         with TuneMessages() as tune_messages:
             results = tuner.fit()
         # Tune caught a Ctrl-C (or the clock's signal), saved its state and returned as if the study ended
         if tune_messages.interrupted and not clock.spent:
             raise KeyboardInterrupt
-        remove_unkept_checkpoints(results)
     except BaseException:  # Ctrl-C or a crash: what finished goes to storage, for a --resume anywhere
         with contextlib.suppress(Exception):
             mirror.push(force=True)
@@ -348,6 +348,7 @@ def _fit(tuner: Any, clock: StudyClock, mirror: Mirror, board: OptunaDashboard |
         clock.save()
         if board is not None:
             board.stop()
+    return results
 
 
 def _write_results(study: Study, out: Path, mirror: Mirror, meta: dict[str, Any], storage_url: str,

@@ -15,7 +15,7 @@ from typing import Any
 
 from ray.tune import Callback
 
-from study.layout import TUNE_DIR
+from study.layout import CHECKPOINT_PREFIX, TUNE_DIR
 from study.search.budget import StudyClock, StudyEstimate, fit_line
 from study.search.console import StatusReporter
 from study.search.data_parallel import data_parallel_trial
@@ -33,9 +33,6 @@ from study.search.trial import TrialPlan, sweep_trial, tune_key
 from study.spec.resolved import Study
 from study.storage import Mirror
 from study.train.trainer import TrialData
-
-# how Tune names a trial's checkpoint folders (checkpoint_000003)
-CHECKPOINT_PREFIX = "checkpoint_"
 
 
 class CheckpointLedger(Callback):
