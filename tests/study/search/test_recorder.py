@@ -172,7 +172,7 @@ def test_a_row_records_the_trimming_that_ran_on_its_device(device: str | None, t
     ("bert4rec", "cloze", {}, (5, "all")), ("bert4rec", "cloze", {"max_len": 200}, (20, "all")),
     ("bert4rec", "cloze", {"window_step": 0}, (0, "all")), ("sasrec", "causal", {}, (10, "new")),
     ("gru4rec", "causal", {}, (10, "new")), ("hstu", "causal", {}, (10, "new")),
-    ("lisa", "bce", {}, (0, "all")),
+    ("lisa", "bce", {}, (10, "new")), ("linrec", "causal", {"causal": True}, (0, "all")),
     ("sasrec", "last", {}, (0, "all")), ("bert4rec", None, {}, (None, None))])
 def test_a_row_records_the_windows_that_ran(model: str, objective: str | None, settings: dict,
                                             windows: tuple) -> None:

@@ -100,12 +100,12 @@ def test_history_windows_cover_every_training_item_once_or_more_on_lastfm(lastfm
 def test_window_settings_resolve_per_objective_and_refuse_what_they_cannot_mean():
     assert resolve_windows("causal", None, None, 50, "sasrec") == (10, "new")  # max_len / 5, new targets
     assert resolve_windows("bce", None, None, 50, "sasrec") == (10, "new")
-    # a family not validated on whole-history windows keeps each user's newest window
-    assert resolve_windows("causal", None, None, 50, "lisa") == (0, "all")
-    for validated_too in ("gru4rec", "hstu", "fpmc"):
+    # a family not validated on whole-history windows (LinRec's causal form) keeps each user's newest window
+    assert resolve_windows("causal", None, None, 50, "linrec") == (0, "all")
+    assert resolve_windows("bce", 10, None, 50, "linrec") == (10, "new")
+    for validated_too in ("gru4rec", "hstu", "fpmc", "lisa"):
         assert resolve_windows("causal", None, None, 50, validated_too) == (10, "new")
-    assert resolve_windows("bce", None, None, 50, "lisa") == (0, "all")
-    assert resolve_windows("bce", 10, None, 50, "lisa") == (10, "new")
+    assert resolve_windows("bce", None, None, 50, "lisa") == (10, "new")
     assert resolve_windows("cloze", None, None, 50, "bert4rec") == (5, "all")  # BERT4Rec's 0.1 x max_len
     assert resolve_windows("causal", 0, "new", 50, "sasrec") == (0, "all")  # one window: nothing is older
     assert resolve_windows("sampled_ce", 7, "all", 50, "sasrec") == (7, "all")
