@@ -102,7 +102,7 @@ def test_window_settings_resolve_per_objective_and_refuse_what_they_cannot_mean(
     assert resolve_windows("bce", None, None, 50, "sasrec") == (10, "new")
     # a family not validated on whole-history windows (LinRec's causal form) keeps each user's newest window
     assert resolve_windows("causal", None, None, 50, "linrec") == (0, "all")
-    assert resolve_windows("bce", 10, None, 50, "linrec") == (10, "new")
+    assert resolve_windows("causal", 10, None, 50, "linrec") == (10, "new")  # unless a step is asked for
     for validated_too in ("gru4rec", "hstu", "fpmc", "lisa"):
         assert resolve_windows("causal", None, None, 50, validated_too) == (10, "new")
     assert resolve_windows("bce", None, None, 50, "lisa") == (10, "new")
