@@ -35,8 +35,8 @@ def test_the_campaign_file_loads_and_each_ablation_table_is_headed_by_its_full_m
     # today's default windows
     *[(family, f"{family}-history", {"window_step": 10, "window_targets": "new"})
       for family in ("sasrec", "gru4rec", "hstu", "fpmc")],
-    *[(main, ablation, {"window_step": 10, "window_targets": "new"})
-      for main, ablation in (("lisa-base-init", "lisa-history"), ("sasrec-1l1h", "sasrec-1l1h-history"))]])
+    *[(base, ablation, {"window_step": 10, "window_targets": "new"})
+      for base, ablation in (("lisa-base-init", "lisa-history"), ("sasrec-1l1h", "sasrec-1l1h-history"))]])
 def test_an_ablation_differs_from_its_full_model_by_the_keys_it_names(main_study: str, ablation: str,
                                                                      changes: dict[str, object]) -> None:
     main, _ = read_yaml(HOME / "studies" / f"{main_study}.yaml")
