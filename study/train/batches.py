@@ -41,8 +41,9 @@ def epoch_windows(data: TrialData, users: Iterable[Batch | np.ndarray], objectiv
     arrays = (histories.history_items, histories.history_starts, histories.history_lengths, data.train.shape[1] - 1)
     if objective == "last":
         yield from history_prefix_windows(*arrays, train_cfg.prefixes_per_user, train_cfg.batch_size, rng)
-    elif train_cfg.window_step and train_cfg.window_targets == "new":
-        yield from history_new_target_windows(*arrays, train_cfg.window_step, train_cfg.batch_size, rng)
+    elif train_cfg.window_step and train_cfg.window_targets in ("new", "tail"):
+        yield from history_new_target_windows(*arrays, train_cfg.window_step, train_cfg.batch_size, rng,
+                                              tail=train_cfg.window_targets == "tail")
     elif train_cfg.window_step:
         yield from history_windows(*arrays, train_cfg.window_step, train_cfg.batch_size, rng)
     else:

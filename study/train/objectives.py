@@ -68,8 +68,9 @@ def resolve_windows(objective: str, window_step: int | None, window_targets: str
 
     ``window_step`` 0 trains on each user's newest window only, scoring all of it (``all``). Otherwise windows
     ``window_step`` items apart cover the whole history, so every training item is a target an epoch: ``all`` scores
-    every target of every window (:func:`history_windows`, BERT4Rec's reference layout), ``new`` only the ones no
-    newer window scored, the older part of a window being context (:func:`history_new_target_windows`).
+    every target of every window (:func:`history_windows`, BERT4Rec's reference layout), ``new`` and ``tail`` only
+    the ones no newer window scored, the older part of a window being context (:func:`history_new_target_windows`;
+    ``tail`` scores the newest window's older targets in older windows too, where they see more context).
 
     The defaults (``None``): under ``cloze``, windows 0.1 x max_len apart (BERT4Rec's ``prop_sliding_window``)
     with ``all``, since a cloze window's targets are the random masked positions, none of which is newer than
@@ -77,8 +78,9 @@ def resolve_windows(objective: str, window_step: int | None, window_targets: str
     (``SeqRecModel.whole_history_windows``; else each user's newest window), windows max_len / 5 apart with
     ``new``, so each target older than the newest window sees at least 0.8 x max_len items of context, and an
     epoch computes about five windows per max_len items of history beyond the newest window. ``last`` trains on
-    every prefix and has no windows: a step or ``new`` given with it are an error, as are ``new`` under cloze and a
-    step past max_len (it would skip items). Resolved settings resolve to themselves.
+    every prefix and has no windows: a step or ``new`` given with it are an error, as are ``new`` or ``tail`` under
+    cloze and a step past max_len (it would skip items). ``tail`` is never a default: a study names it. Resolved
+    settings resolve to themselves.
     """
     def refuse(key: str, why: str) -> ConfigError:
         return ConfigError([(key, f"{why}; this trial trains {model_name} with {objective!r}")])
@@ -89,7 +91,7 @@ def resolve_windows(objective: str, window_step: int | None, window_targets: str
             raise refuse("window_step" if window_step else "window_targets",
                          "`last` trains on every prefix of the whole history, not on windows")
         return 0, "all"
-    if objective == "cloze" and window_targets == "new":
+    if objective == "cloze" and window_targets in ("new", "tail"):
         raise refuse("window_targets", "cloze scores randomly masked positions, which no window order makes new")
     if window_step is None and objective == "cloze":
         window_step = max(1, max_len // 10)
@@ -392,17 +394,25 @@ def history_windows(items: np.ndarray, starts: np.ndarray, lengths: np.ndarray, 
 
 
 def history_new_target_windows(items: np.ndarray, starts: np.ndarray, lengths: np.ndarray, max_len: int, step: int,
-                               batch_size: int, rng: np.random.Generator) -> Iterator[WindowBatch]:
+                               batch_size: int, rng: np.random.Generator,
+                               tail: bool = False) -> Iterator[WindowBatch]:
     """Shuffled batches of windows over users' whole training histories in which every training item but each
-    user's first is scored exactly once (``window_targets: new``): the newest window's targets as the newest-window
-    protocol scores them, every older target with at least ``max_len - step`` items of context where the history
-    has them.
+    user's first is scored exactly once (``window_targets: new`` or ``tail``): the older part of a window is
+    context, computed but not scored, which is what overlapping windows cost. ``scored`` says how many newest
+    targets each window scores. Same rows and arguments as :func:`history_windows`.
 
-    A history of T items gives its newest window (ending at item T - 1, all of whose targets are scored), then
-    windows ending at T - 1 - max_len, T - 1 - max_len - ``step``, ... while they end after the first item, each
-    scoring only its newest ``step`` targets (fewer in the oldest): the ones no newer window scored. Their older
-    positions are context, computed but not scored, which is what overlapping windows cost. ``scored`` says how
-    many newest targets each window scores. Same rows and arguments as :func:`history_windows`.
+    A history of T items gives 1 + ceil((T - 1 - max_len) / ``step``) windows under either layout; they differ in
+    where the newest window's targets are scored:
+
+    - ``new``: the newest window (ending at item T - 1) scores all its targets, as the newest-window protocol does,
+      so its older targets see only the part of the window before them. Older windows end at T - 1 - max_len,
+      T - 1 - max_len - ``step``, ... while they end after the first item, each scoring its newest ``step``
+      targets (fewer in the oldest), every one with at least ``max_len - step`` items of context.
+    - ``tail``: the windows end at T - 1, T - 1 - ``step``, ..., the newest included scoring only its newest
+      ``step`` targets, and the oldest (ending within the first max_len + 1 items, padded before the first) all
+      it still holds. So every target sees at least ``max_len - step`` items of context, or every item before it
+      where the history is shorter, near the ``max_len`` items ``last`` gives it and evaluation reads (with a step
+      of 1, exactly those), at the cost of ``new``.
     """
     _check_step(step, max_len)
     starts, lengths = np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
@@ -410,8 +420,12 @@ def history_new_target_windows(items: np.ndarray, starts: np.ndarray, lengths: n
     counts = np.where(lengths >= 2, 1 + -(-unscored // step), 0)
     owners = np.repeat(np.arange(len(counts)), counts)
     ranks = _ranks_within_owner(counts)  # 0 = the newest window
-    last = np.where(ranks == 0, lengths[owners] - 1, lengths[owners] - 1 - max_len - (ranks - 1) * step)
-    scored = np.where(ranks == 0, max_len, np.minimum(step, last))
+    if tail:
+        last = lengths[owners] - 1 - ranks * step
+        scored = np.where(ranks == counts[owners] - 1, last, step)  # the oldest: every target it holds
+    else:
+        last = np.where(ranks == 0, lengths[owners] - 1, lengths[owners] - 1 - max_len - (ranks - 1) * step)
+        scored = np.where(ranks == 0, max_len, np.minimum(step, last))
     yield from _window_batches(items, starts, owners, starts[owners] + last, scored, max_len, batch_size, rng)
 
 

@@ -36,7 +36,7 @@ def setting(default: Any, *roles: str) -> Any:
 
 
 EVAL_MODES = ("full", "sampled")
-WINDOW_TARGETS = ("new", "all")
+WINDOW_TARGETS = ("new", "tail", "all")
 NEGATIVE_SAMPLERS = ("uniform", "popularity")
 METRIC_KS = (5, 10, 20)
 SELECTION_METRIC = "ndcg@10"  # the default validation metric that picks the best epoch
@@ -69,8 +69,9 @@ class TrainConfig:
     # trains on every prefix): n = windows over the whole history, n items apart, so every training item is a
     # target; 0 = each user's newest window only, which data-parallel workers and streamed datasets need (they hold
     # no whole histories); None (`auto`) = the objective's default. window_targets: which targets of those windows
-    # carry the loss, `new` (each item once an epoch, the rest of a window is context) or `all`; None (`auto`) =
-    # `new` where an objective scores every position, `all` under cloze. See study.train.objectives.resolve_windows
+    # carry the loss, `new` (each item once an epoch, the rest of a window is context), `tail` (the same, with the
+    # newest window's older targets scored where they see more context) or `all`; None (`auto`) = `new` where an
+    # objective scores every position, `all` under cloze. See study.train.objectives.resolve_windows
     window_step: int | None = None
     window_targets: str | None = None
     # `sampled_ce` only (training negatives; num_negatives/negative_sampler above are the *evaluation* protocol's)

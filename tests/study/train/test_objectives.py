@@ -109,9 +109,11 @@ def test_window_settings_resolve_per_objective_and_refuse_what_they_cannot_mean(
     assert resolve_windows("cloze", None, None, 50, "bert4rec") == (5, "all")  # BERT4Rec's 0.1 x max_len
     assert resolve_windows("causal", 0, "new", 50, "sasrec") == (0, "all")  # one window: nothing is older
     assert resolve_windows("sampled_ce", 7, "all", 50, "sasrec") == (7, "all")
+    assert resolve_windows("bce", 10, "tail", 50, "lisa") == (10, "tail")  # a study names it; never a default
     assert resolve_windows("last", None, None, 50, "sasrec") == (0, "all")
     for args, key in [(("last", 5, None), "window_step"), (("last", None, "new"), "window_targets"),
-                      (("cloze", None, "new"), "window_targets"), (("causal", 51, None), "window_step")]:
+                      (("cloze", None, "new"), "window_targets"), (("cloze", 5, "tail"), "window_targets"),
+                      (("causal", 51, None), "window_step")]:
         with pytest.raises(models.ConfigError) as error:
             resolve_windows(*args, 50, "sasrec")
         assert error.value.errors[0][0] == key
@@ -145,34 +147,70 @@ def test_the_cost_of_a_last_epoch_is_estimated(synthetic_lastfm_prepared):
     assert cost.windows == 2 * len(data.test.inputs) and cost.step_s > 0  # two prefixes of every user
 
 
-def test_new_target_windows_score_every_training_item_once_with_context():
+@pytest.mark.parametrize("tail", [False, True])
+def test_new_target_windows_score_every_training_item_once_with_context(tail):
     sizes = (1, 2, 4, 5, 6, 7, 9, 13, 30, 61)
     ids = np.arange(1, sum(sizes) + 1)  # distinct item ids: each one is one (user, position) of a history
     histories = [list(part) for part in np.split(ids, np.cumsum(sizes)[:-1])]
     position = {int(item): index for history in histories for index, item in enumerate(history)}
     items, starts, lengths = as_flat(histories)
     for max_len, step in [(5, 1), (5, 2), (5, 5), (4, 3), (6, 4)]:
-        scored_items = []
-        for batch in history_new_target_windows(items, starts, lengths, max_len, step, 4, np.random.default_rng(0)):
+        scored_items, windows = [], 0
+        for batch in history_new_target_windows(items, starts, lengths, max_len, step, 4, np.random.default_rng(0),
+                                                tail=tail):
+            windows += len(batch.windows)
             mask = scored_positions(torch.as_tensor(batch.windows), torch.as_tensor(batch.scored)).numpy()
             context = np.cumsum(batch.windows[:, :-1] > 0, axis=1)  # real input items up to each position
             for row, column in zip(*np.nonzero(mask)):
                 target = int(batch.windows[row, column + 1])
                 scored_items.append(target)
-                # every item before it in the history, up to its column (the newest window's targets, as in the
-                # newest-window protocol) or to an older window's guaranteed context
-                reach = column + 1 if batch.scored[row] == max_len else max_len - step + 1
+                # every item before it in the history, up to an older window's guaranteed context, or under `new`
+                # up to its column in the newest window (as in the newest-window protocol); `tail` has no exception
+                reach = column + 1 if batch.scored[row] == max_len and not tail else max_len - step + 1
                 assert context[row, column] >= min(position[target], reach), (max_len, step, target)
             # an older window holds real items only: no padding inside a history
             real = batch.windows > 0
             assert (real[:, 1:] | ~np.cumsum(real, axis=1)[:, :-1].astype(bool)).all()
         # every training item but each user's first, exactly once an epoch
         assert sorted(scored_items) == sorted(int(i) for history in histories for i in history[1:]), (max_len, step)
+        # both layouts cut a history into the same number of windows, so they cost the same
+        assert windows == sum(1 + -(-max(size - 1 - max_len, 0) // step) for size in sizes if size >= 2)
 
 
-def test_a_new_target_epoch_on_lastfm_scores_each_training_item_once(lastfm_prepared):
+def test_tail_windows_score_a_newest_window_target_with_an_older_windows_context():
+    history = list(range(1, 31))  # 30 items: the newest window of 10 (+1) reaches back to item 20
+    items, starts, lengths = as_flat([history])
+    # `new` scores item 22 in the newest window, after items 20 and 21; `tail` in the window ending at item 25 (5
+    # apart), after items 15 ... 21, at least max_len - step + 1 = 6 of them; `last` would give it 12 ... 21
+    for tail, context_of_item_22 in [(False, 2), (True, 7)]:
+        found = []
+        for batch in history_new_target_windows(items, starts, lengths, 10, 5, 8, np.random.default_rng(0),
+                                                tail=tail):
+            mask = scored_positions(torch.as_tensor(batch.windows), torch.as_tensor(batch.scored)).numpy()
+            rows, columns = np.nonzero(mask & (batch.windows[:, 1:] == 22))
+            found += [int((batch.windows[row, :column + 1] > 0).sum()) for row, column in zip(rows, columns)]
+        assert found == [context_of_item_22], tail
+
+
+def test_tail_windows_a_step_apart_score_each_target_after_the_prefix_last_gives_it():
+    """A causal model's output at a position reads the items up to it only, so `tail` at a step of 1 trains on
+    `last`'s (context, target) pairs, batched differently."""
+    histories = [list(range(1, 4)), list(range(10, 22)), list(range(30, 47))]
+    items, starts, lengths = as_flat(histories)
+    pairs = []
+    for batch in history_new_target_windows(items, starts, lengths, 6, 1, 4, np.random.default_rng(0), tail=True):
+        mask = scored_positions(torch.as_tensor(batch.windows), torch.as_tensor(batch.scored)).numpy()
+        for row, column in zip(*np.nonzero(mask)):
+            seen = batch.windows[row, :column + 2]
+            pairs.append(tuple(int(item) for item in seen[seen > 0][-7:]))
+    expected = [tuple(item for item in prefix if item > 0) for prefix in naive_prefixes(histories, 6)]
+    assert sorted(pairs) == sorted(expected)
+
+
+@pytest.mark.parametrize("targets", ["new", "tail"])
+def test_a_new_target_epoch_on_lastfm_scores_each_training_item_once(lastfm_prepared, targets):
     data = TrialData.from_prepared(lastfm_prepared, max_len=50)
-    config = TrainConfig(window_step=10, window_targets="new", batch_size=512)
+    config = TrainConfig(window_step=10, window_targets=targets, batch_size=512)
     counts = np.zeros(len(data.valid.history_lengths), dtype=np.int64)
     windows = 0
     for batch in epoch_windows(data, iter(()), "causal", config, np.random.default_rng(0)):
