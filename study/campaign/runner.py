@@ -16,6 +16,8 @@ Choices:
   fresh clone, so that ``--report-only`` regenerates the page from the repository alone.
 - A study another sweep is still running (its folder's lock has a live holder: a second campaign, say) is reported
   as far as it got but not recorded, so the tracked records never hold half a run.
+- A sweep stopped by a signal that this process did not get (a campaign in the background ignores SIGINT) stops
+  the campaign as Ctrl-C does: it is not reported as failed, and the page is not rewritten.
 - ``--set`` may change where and how fast a study runs (:data:`RUN_SECTIONS`), never what it measures: the report
   compares studies that must share their protocol.
 """
@@ -36,6 +38,7 @@ import pandas as pd
 
 from study.analysis.runs import ENVIRONMENT_FILE, HISTORY_FILE, STUDY_FILE, TRIALS_FILE
 from study.campaign.spec import Campaign, Choice
+from study.cli import EXIT_INTERRUPTED
 from study.errors import UserError
 from study.search.lock import in_use_by
 from study.search.records import PARTIAL_HISTORY_SUFFIX
@@ -44,6 +47,8 @@ RECORD_FILES = (TRIALS_FILE, HISTORY_FILE, STUDY_FILE, ENVIRONMENT_FILE)
 RUN_SECTIONS = ("resources", "checkpoint", "storage")  # what a campaign's --set may change
 QUICK_SEEDS = 2
 REPLACED_SUFFIX = ".replaced-"  # results/<name>.replaced-<UTC time>/: a run --rerun set aside
+# a sweep's exit after Ctrl-C (its own exit code), or its death by SIGINT or SIGTERM before it could say so
+SWEEP_INTERRUPTED = (EXIT_INTERRUPTED, -signal.SIGINT, -signal.SIGTERM)
 
 
 def results_dir() -> Path:
@@ -243,6 +248,11 @@ def run_study(campaign: Campaign, dataset: str, study: str, options) -> Path | N
     except KeyboardInterrupt:
         stop_sweep(sweep)
         raise
+    if sweep.returncode in SWEEP_INTERRUPTED:
+        # the signal stopped the sweep but not this process (started in the background, which ignores SIGINT, or
+        # a SIGINT sent to the sweep alone): the campaign stops too, as after Ctrl-C, rather than going on as if
+        # the study had failed and rewriting the page from a half-run study
+        raise KeyboardInterrupt
     if sweep.returncode != 0:
         print(f"{folder.name}: the sweep failed; rerun to resume it", file=sys.stderr)
         return None

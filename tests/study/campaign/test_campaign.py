@@ -443,6 +443,30 @@ def test_the_page_prepares_a_given_dataset_where_study_report_reads_its_statisti
     assert "statistics are left out" in capsys.readouterr().err
 
 
+class InterruptedSweep:
+    """A sweep stopped by a SIGINT that the driver never got (a campaign in the background ignores SIGINT)."""
+
+    def __init__(self, command: list[str], returncode: int) -> None:
+        self.command, self.returncode = command, returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.returncode
+
+
+@pytest.mark.parametrize("returncode", [130, -signal.SIGINT, -signal.SIGTERM])
+def test_a_sweep_stopped_by_a_signal_stops_the_campaign_as_interrupted(campaign_file: Path, monkeypatch, capsys,
+                                                                       returncode: int) -> None:
+    write_study(Path("results/toy-small-a"), [1, 2, 3])  # a reference with every seed: a page could be written
+    sweeps: list[InterruptedSweep] = []
+    monkeypatch.setattr(runner.subprocess, "Popen",
+                        lambda command: sweeps.append(InterruptedSweep(command, returncode)) or sweeps[-1])
+    assert main([str(campaign_file), "--datasets", "small", "--studies", "b", "c"]) == 130
+    assert [sweep.command[3].rsplit("/", 1)[-1] for sweep in sweeps] == ["b.yaml"]  # c is not started
+    err = capsys.readouterr().err
+    assert err.startswith("interrupted; rerun the same command") and "failed" not in err
+    assert not load_campaign(campaign_file).page.exists()  # nothing reported from the half-run study
+
+
 class Sweep:
     """A sweep during which the user presses Ctrl-C (``signal_self``: the driver alone gets a SIGTERM)."""
 
