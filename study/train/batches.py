@@ -14,6 +14,7 @@ from models import SeqRecModel
 from study.errors import UserError
 from study.train.config import TrainConfig
 from study.train.objectives import WindowBatch, history_new_target_windows, history_prefix_windows, history_windows
+from study.train.settings import SCORED_ONCE
 from study.train.trial_data import TrialData
 
 Batch = WindowBatch  # (windows (B, L + 1), their user ids (B,) or None, scored targets (B,) or None)
@@ -41,7 +42,7 @@ def epoch_windows(data: TrialData, users: Iterable[Batch | np.ndarray], objectiv
     arrays = (histories.history_items, histories.history_starts, histories.history_lengths, data.train.shape[1] - 1)
     if objective == "last":
         yield from history_prefix_windows(*arrays, train_cfg.prefixes_per_user, train_cfg.batch_size, rng)
-    elif train_cfg.window_step and train_cfg.window_targets in ("new", "tail"):
+    elif train_cfg.window_step and train_cfg.window_targets in SCORED_ONCE:
         yield from history_new_target_windows(*arrays, train_cfg.window_step, train_cfg.batch_size, rng,
                                               tail=train_cfg.window_targets == "tail")
     elif train_cfg.window_step:

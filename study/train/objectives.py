@@ -37,7 +37,7 @@ import torch.nn.functional as F
 import models
 from models import ConfigError, SeqRecModel
 from study.train.padding import hidden_by_length, last_hidden_by_length, length_groups, padding_columns, trim_padding
-from study.train.settings import TrainConfig, resolve_patience
+from study.train.settings import SCORED_ONCE, TrainConfig, resolve_patience
 
 # objectives that score every position of a window, so they need a causal model
 CAUSAL_OBJECTIVES = ("causal", "sampled_ce")
@@ -91,7 +91,7 @@ def resolve_windows(objective: str, window_step: int | None, window_targets: str
             raise refuse("window_step" if window_step else "window_targets",
                          "`last` trains on every prefix of the whole history, not on windows")
         return 0, "all"
-    if objective == "cloze" and window_targets in ("new", "tail"):
+    if objective == "cloze" and window_targets in SCORED_ONCE:
         raise refuse("window_targets", "cloze scores randomly masked positions, which no window order makes new")
     if window_step is None and objective == "cloze":
         window_step = max(1, max_len // 10)
@@ -412,7 +412,9 @@ def history_new_target_windows(items: np.ndarray, starts: np.ndarray, lengths: n
       ``step`` targets, and the oldest (ending within the first max_len + 1 items, padded before the first) all
       it still holds. So every target sees at least ``max_len - step`` items of context, or every item before it
       where the history is shorter, near the ``max_len`` items ``last`` gives it and evaluation reads (with a step
-      of 1, exactly those), at the cost of ``new``.
+      of 1, exactly those), at the cost of ``new``. The slots differ: ``last`` scores every target at a window's
+      newest slot, the one evaluation reads, where these windows score the newest ``step`` slots, and the oldest
+      window each of its targets where it stands (with absolute positions, another position embedding).
     """
     _check_step(step, max_len)
     starts, lengths = np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)

@@ -37,6 +37,7 @@ def setting(default: Any, *roles: str) -> Any:
 
 EVAL_MODES = ("full", "sampled")
 WINDOW_TARGETS = ("new", "tail", "all")
+SCORED_ONCE = ("new", "tail")  # the window_targets under which an epoch scores each training item once
 NEGATIVE_SAMPLERS = ("uniform", "popularity")
 METRIC_KS = (5, 10, 20)
 SELECTION_METRIC = "ndcg@10"  # the default validation metric that picks the best epoch
