@@ -69,8 +69,11 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     # `new` scores the newest window's older targets with only the part of it before them: on ml-100k 51 % of its
     # targets see fewer than 40 items, 34 % under `last`; `tail` scores them in older windows, nearer `last`'s context
     "windows=10,tail": {"max_len": 50, "window_step": 10, "window_targets": "tail"},
-    # fewer targets share each window's forward pass (and its dropout draw): `last` is `tail` at a step of 1
+    # fewer targets share each window's forward pass (and its dropout draw)
     "windows=5,tail": {"max_len": 50, "window_step": 5, "window_targets": "tail"},
+    # down to a step of 1, where every target sees the items `last` gives it, at about `last`'s cost an epoch
+    "windows=2,tail": {"max_len": 50, "window_step": 2, "window_targets": "tail"},
+    "windows=1,tail": {"max_len": 50, "window_step": 1, "window_targets": "tail"},
     # ELASTIC's memory (`--model elastic`, which trains with `last`): Lample et al.'s remedies for queries that
     # crowd onto a few experts, against the paper's memory as read (the campaign's `elastic` study)
     "elastic": {"max_len": 50},
