@@ -74,6 +74,9 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     # down to a step of 1, where every target sees the items `last` gives it, at about `last`'s cost an epoch
     "windows=2,tail": {"max_len": 50, "window_step": 2, "window_targets": "tail"},
     "windows=1,tail": {"max_len": 50, "window_step": 1, "window_targets": "tail"},
+    # every target in a window's newest `step` slots, as `last`'s are in its newest one (at a step of 1, `last`)
+    "windows=10,aligned": {"max_len": 50, "window_step": 10, "window_targets": "aligned"},
+    "windows=5,aligned": {"max_len": 50, "window_step": 5, "window_targets": "aligned"},
     # ELASTIC's memory (`--model elastic`, which trains with `last`): Lample et al.'s remedies for queries that
     # crowd onto a few experts, against the paper's memory as read (the campaign's `elastic` study)
     "elastic": {"max_len": 50},

@@ -44,7 +44,7 @@ def epoch_windows(data: TrialData, users: Iterable[Batch | np.ndarray], objectiv
         yield from history_prefix_windows(*arrays, train_cfg.prefixes_per_user, train_cfg.batch_size, rng)
     elif train_cfg.window_step and train_cfg.window_targets in SCORED_ONCE:
         yield from history_new_target_windows(*arrays, train_cfg.window_step, train_cfg.batch_size, rng,
-                                              tail=train_cfg.window_targets == "tail")
+                                              targets=train_cfg.window_targets)
     elif train_cfg.window_step:
         yield from history_windows(*arrays, train_cfg.window_step, train_cfg.batch_size, rng)
     else:

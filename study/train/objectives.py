@@ -68,9 +68,10 @@ def resolve_windows(objective: str, window_step: int | None, window_targets: str
 
     ``window_step`` 0 trains on each user's newest window only, scoring all of it (``all``). Otherwise windows
     ``window_step`` items apart cover the whole history, so every training item is a target an epoch: ``all`` scores
-    every target of every window (:func:`history_windows`, BERT4Rec's reference layout), ``new`` and ``tail`` only
-    the ones no newer window scored, the older part of a window being context (:func:`history_new_target_windows`;
-    ``tail`` scores the newest window's older targets in older windows too, where they see more context).
+    every target of every window (:func:`history_windows`, BERT4Rec's reference layout), ``new``, ``tail`` and
+    ``aligned`` only the ones no newer window scored, the older part of a window being context
+    (:func:`history_new_target_windows`; ``tail`` scores the newest window's older targets in older windows too,
+    where they see more context, and ``aligned`` also scores every target in a window's newest slots).
 
     The defaults (``None``): under ``cloze``, windows 0.1 x max_len apart (BERT4Rec's ``prop_sliding_window``)
     with ``all``, since a cloze window's targets are the random masked positions, none of which is newer than
@@ -78,8 +79,9 @@ def resolve_windows(objective: str, window_step: int | None, window_targets: str
     (``SeqRecModel.whole_history_windows``; else each user's newest window), windows max_len / 5 apart with
     ``new``, so each target older than the newest window sees at least 0.8 x max_len items of context, and an
     epoch computes about five windows per max_len items of history beyond the newest window. ``last`` trains on
-    every prefix and has no windows: a step or ``new`` given with it are an error, as are ``new`` or ``tail`` under
-    cloze and a step past max_len (it would skip items). ``tail`` is never a default: a study names it. Resolved
+    every prefix and has no windows: a step or ``new`` given with it are an error, as are ``new``, ``tail`` or
+    ``aligned`` under cloze and a step past max_len (it would skip items). ``tail`` and ``aligned`` are never
+    defaults: a study names them. Resolved
     settings resolve to themselves.
     """
     def refuse(key: str, why: str) -> ConfigError:
@@ -395,14 +397,14 @@ def history_windows(items: np.ndarray, starts: np.ndarray, lengths: np.ndarray, 
 
 def history_new_target_windows(items: np.ndarray, starts: np.ndarray, lengths: np.ndarray, max_len: int, step: int,
                                batch_size: int, rng: np.random.Generator,
-                               tail: bool = False) -> Iterator[WindowBatch]:
+                               targets: str = "new") -> Iterator[WindowBatch]:
     """Shuffled batches of windows over users' whole training histories in which every training item but each
-    user's first is scored exactly once (``window_targets: new`` or ``tail``): the older part of a window is
-    context, computed but not scored, which is what overlapping windows cost. ``scored`` says how many newest
-    targets each window scores. Same rows and arguments as :func:`history_windows`.
+    user's first is scored exactly once (``window_targets`` ``new``, ``tail`` or ``aligned``, :data:`SCORED_ONCE`):
+    the older part of a window is context, computed but not scored, which is what overlapping windows cost.
+    ``scored`` says how many newest targets each window scores. Same rows and arguments as :func:`history_windows`.
 
-    A history of T items gives 1 + ceil((T - 1 - max_len) / ``step``) windows under either layout; they differ in
-    where the newest window's targets are scored:
+    ``new`` and ``tail`` cut a history of T items into 1 + ceil((T - 1 - max_len) / ``step``) windows; they differ
+    in where the newest window's targets are scored:
 
     - ``new``: the newest window (ending at item T - 1) scores all its targets, as the newest-window protocol does,
       so its older targets see only the part of the window before them. Older windows end at T - 1 - max_len,
@@ -413,21 +415,30 @@ def history_new_target_windows(items: np.ndarray, starts: np.ndarray, lengths: n
       it still holds. So every target sees at least ``max_len - step`` items of context, or every item before it
       where the history is shorter, near the ``max_len`` items ``last`` gives it and evaluation reads (with a step
       of 1, exactly those), at the cost of ``new``. The slots differ: ``last`` scores every target at a window's
-      newest slot, the one evaluation reads, where these windows score the newest ``step`` slots, and the oldest
-      window each of its targets where it stands (with absolute positions, another position embedding).
+      newest slot, the one evaluation reads, where the oldest window scores each of its targets where it stands
+      (with absolute positions, another position embedding).
+    - ``aligned``: as ``tail``, but the windows go on ending every ``step`` items down to the first target, the
+      shorter ones padded before the first item as ``last``'s prefixes are: ceil((T - 1) / ``step``) windows, each
+      scoring its newest ``step`` targets (fewer in the oldest). Every target is scored in the newest ``step``
+      slots of a window, with the same items before it as under ``tail``; with a step of 1 these are ``last``'s
+      windows, slots included. It costs about max_len / ``step`` more windows a user than ``tail``.
     """
     _check_step(step, max_len)
     starts, lengths = np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
-    unscored = np.maximum(lengths - 1 - max_len, 0)  # targets (items 1 ..) the newest window does not reach
-    counts = np.where(lengths >= 2, 1 + -(-unscored // step), 0)
+    if targets == "aligned":
+        counts = np.where(lengths >= 2, -(-(lengths - 1) // step), 0)
+    else:
+        unscored = np.maximum(lengths - 1 - max_len, 0)  # targets (items 1 ..) the newest window does not reach
+        counts = np.where(lengths >= 2, 1 + -(-unscored // step), 0)
     owners = np.repeat(np.arange(len(counts)), counts)
     ranks = _ranks_within_owner(counts)  # 0 = the newest window
-    if tail:
-        last = lengths[owners] - 1 - ranks * step
-        scored = np.where(ranks == counts[owners] - 1, last, step)  # the oldest: every target it holds
-    else:
+    if targets == "new":
         last = np.where(ranks == 0, lengths[owners] - 1, lengths[owners] - 1 - max_len - (ranks - 1) * step)
         scored = np.where(ranks == 0, max_len, np.minimum(step, last))
+    else:
+        last = lengths[owners] - 1 - ranks * step
+        oldest = ranks == counts[owners] - 1
+        scored = np.where(oldest, last, step) if targets == "tail" else np.minimum(step, last)
     yield from _window_batches(items, starts, owners, starts[owners] + last, scored, max_len, batch_size, rng)
 
 

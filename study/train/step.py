@@ -83,7 +83,7 @@ class TrainStep:
     def __call__(self, windows: torch.Tensor, *, check_finite: bool = False, users: torch.Tensor | None = None,
                  scored: torch.Tensor | None = None) -> torch.Tensor:
         """``users``: each window's user, for the models that read one; ``scored``: how many newest targets of each
-        window carry the loss (whole-history windows with ``window_targets`` ``new`` or ``tail``), None for all."""
+        window carry the loss (whole-history windows with ``window_targets`` in ``SCORED_ONCE``), None for all."""
         self.optimizer.zero_grad(set_to_none=True)
         mixed = self.autocast_dtype is not None
         if self.cuda_graphs:  # a new step: the previous step's graph outputs may be overwritten from here on

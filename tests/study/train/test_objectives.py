@@ -20,6 +20,7 @@ from study.train.objectives import (
     resolve_windows,
     scored_positions,
 )
+from study.train.settings import SCORED_ONCE
 from study.train.step import TrainStep
 from study.train.trainer import TrialData, epoch_windows
 
@@ -110,9 +111,11 @@ def test_window_settings_resolve_per_objective_and_refuse_what_they_cannot_mean(
     assert resolve_windows("causal", 0, "new", 50, "sasrec") == (0, "all")  # one window: nothing is older
     assert resolve_windows("sampled_ce", 7, "all", 50, "sasrec") == (7, "all")
     assert resolve_windows("bce", 10, "tail", 50, "lisa") == (10, "tail")  # a study names it; never a default
+    assert resolve_windows("causal", 10, "aligned", 50, "sasrec") == (10, "aligned")
     assert resolve_windows("last", None, None, 50, "sasrec") == (0, "all")
     for args, key in [(("last", 5, None), "window_step"), (("last", None, "new"), "window_targets"),
                       (("cloze", None, "new"), "window_targets"), (("cloze", 5, "tail"), "window_targets"),
+                      (("cloze", 5, "aligned"), "window_targets"),
                       (("causal", 51, None), "window_step")]:
         with pytest.raises(models.ConfigError) as error:
             resolve_windows(*args, 50, "sasrec")
@@ -147,8 +150,8 @@ def test_the_cost_of_a_last_epoch_is_estimated(synthetic_lastfm_prepared):
     assert cost.windows == 2 * len(data.test.inputs) and cost.step_s > 0  # two prefixes of every user
 
 
-@pytest.mark.parametrize("tail", [False, True])
-def test_new_target_windows_score_every_training_item_once_with_context(tail):
+@pytest.mark.parametrize("targets", SCORED_ONCE)
+def test_new_target_windows_score_every_training_item_once_with_context(targets):
     sizes = (1, 2, 4, 5, 6, 7, 9, 13, 30, 61)
     ids = np.arange(1, sum(sizes) + 1)  # distinct item ids: each one is one (user, position) of a history
     histories = [list(part) for part in np.split(ids, np.cumsum(sizes)[:-1])]
@@ -157,7 +160,7 @@ def test_new_target_windows_score_every_training_item_once_with_context(tail):
     for max_len, step in [(5, 1), (5, 2), (5, 5), (4, 3), (6, 4)]:
         scored_items, windows = [], 0
         for batch in history_new_target_windows(items, starts, lengths, max_len, step, 4, np.random.default_rng(0),
-                                                tail=tail):
+                                                targets=targets):
             windows += len(batch.windows)
             mask = scored_positions(torch.as_tensor(batch.windows), torch.as_tensor(batch.scored)).numpy()
             context = np.cumsum(batch.windows[:, :-1] > 0, axis=1)  # real input items up to each position
@@ -166,15 +169,23 @@ def test_new_target_windows_score_every_training_item_once_with_context(tail):
                 scored_items.append(target)
                 # every item before it in the history, up to an older window's guaranteed context, or under `new`
                 # up to its column in the newest window (as in the newest-window protocol); `tail` has no exception
-                reach = column + 1 if batch.scored[row] == max_len and not tail else max_len - step + 1
+                newest = batch.scored[row] == max_len and targets == "new"
+                reach = column + 1 if newest else max_len - step + 1
                 assert context[row, column] >= min(position[target], reach), (max_len, step, target)
+                if targets == "aligned":  # in the newest `step` slots, as `last`'s targets are in its newest one
+                    assert column >= max_len - step, (max_len, step, target)
             # an older window holds real items only: no padding inside a history
             real = batch.windows > 0
             assert (real[:, 1:] | ~np.cumsum(real, axis=1)[:, :-1].astype(bool)).all()
         # every training item but each user's first, exactly once an epoch
         assert sorted(scored_items) == sorted(int(i) for history in histories for i in history[1:]), (max_len, step)
-        # both layouts cut a history into the same number of windows, so they cost the same
-        assert windows == sum(1 + -(-max(size - 1 - max_len, 0) // step) for size in sizes if size >= 2)
+        # `new` and `tail` cut a history into the same number of windows, so they cost the same; `aligned` goes on
+        # down to the first target
+        trained = [size for size in sizes if size >= 2]
+        if targets == "aligned":
+            assert windows == sum(-(-(size - 1) // step) for size in trained)
+        else:
+            assert windows == sum(1 + -(-max(size - 1 - max_len, 0) // step) for size in trained)
 
 
 def test_tail_windows_score_a_newest_window_target_with_an_older_windows_context():
@@ -182,32 +193,46 @@ def test_tail_windows_score_a_newest_window_target_with_an_older_windows_context
     items, starts, lengths = as_flat([history])
     # `new` scores item 22 in the newest window, after items 20 and 21; `tail` in the window ending at item 25 (5
     # apart), after items 15 ... 21, at least max_len - step + 1 = 6 of them; `last` would give it 12 ... 21
-    for tail, context_of_item_22 in [(False, 2), (True, 7)]:
+    for targets, context_of_item_22 in [("new", 2), ("tail", 7), ("aligned", 7)]:
         found = []
         for batch in history_new_target_windows(items, starts, lengths, 10, 5, 8, np.random.default_rng(0),
-                                                tail=tail):
+                                                targets=targets):
             mask = scored_positions(torch.as_tensor(batch.windows), torch.as_tensor(batch.scored)).numpy()
             rows, columns = np.nonzero(mask & (batch.windows[:, 1:] == 22))
             found += [int((batch.windows[row, :column + 1] > 0).sum()) for row, column in zip(rows, columns)]
-        assert found == [context_of_item_22], tail
+        assert found == [context_of_item_22], targets
 
 
-def test_tail_windows_a_step_apart_score_each_target_after_the_prefix_last_gives_it():
-    """A causal model's output at a position reads the items up to it only, so `tail` at a step of 1 trains on
-    `last`'s (context, target) pairs, batched differently."""
-    histories = [list(range(1, 4)), list(range(10, 22)), list(range(30, 47))]
+def scored_windows(histories: list[list[int]], max_len: int, step: int, targets: str) -> list[tuple[int, ...]]:
+    """Each scored target's window as the model reads it: its slots up to the target's, so that a tuple shorter
+    than max_len + 1 is a target scored before the newest slot."""
     items, starts, lengths = as_flat(histories)
-    pairs = []
-    for batch in history_new_target_windows(items, starts, lengths, 6, 1, 4, np.random.default_rng(0), tail=True):
+    found = []
+    for batch in history_new_target_windows(items, starts, lengths, max_len, step, 4, np.random.default_rng(0),
+                                            targets=targets):
         mask = scored_positions(torch.as_tensor(batch.windows), torch.as_tensor(batch.scored)).numpy()
         for row, column in zip(*np.nonzero(mask)):
-            seen = batch.windows[row, :column + 2]
-            pairs.append(tuple(int(item) for item in seen[seen > 0][-7:]))
-    expected = [tuple(item for item in prefix if item > 0) for prefix in naive_prefixes(histories, 6)]
-    assert sorted(pairs) == sorted(expected)
+            found.append(tuple(int(item) for item in batch.windows[row, :column + 2]))
+    return found
 
 
-@pytest.mark.parametrize("targets", ["new", "tail"])
+def test_tail_and_aligned_windows_a_step_apart_are_lasts_prefixes():
+    """A causal model's output at a position reads the slots up to it only. With a step of 1, `tail` trains on
+    `last`'s (items before, target) pairs, but scores each user's oldest window's targets at the slots where they
+    stand; `aligned` trains on `last`'s windows exactly, each target in the newest slot."""
+    histories = [list(range(1, 4)), list(range(10, 22)), list(range(30, 47))]
+    prefixes = naive_prefixes(histories, 6)
+
+    def items_only(windows: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        return sorted(tuple(item for item in window[-7:] if item > 0) for window in windows)
+
+    tail = scored_windows(histories, 6, 1, "tail")
+    assert items_only(tail) == items_only(prefixes)
+    assert sorted(tail) != sorted(prefixes)  # the oldest windows' slots differ
+    assert sorted(scored_windows(histories, 6, 1, "aligned")) == sorted(prefixes)
+
+
+@pytest.mark.parametrize("targets", SCORED_ONCE)
 def test_a_new_target_epoch_on_lastfm_scores_each_training_item_once(lastfm_prepared, targets):
     data = TrialData.from_prepared(lastfm_prepared, max_len=50)
     config = TrainConfig(window_step=10, window_targets=targets, batch_size=512)
