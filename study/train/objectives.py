@@ -81,8 +81,7 @@ def resolve_windows(objective: str, window_step: int | None, window_targets: str
     epoch computes about five windows per max_len items of history beyond the newest window. ``last`` trains on
     every prefix and has no windows: a step or ``new`` given with it are an error, as are ``new``, ``tail`` or
     ``aligned`` under cloze and a step past max_len (it would skip items). ``tail`` and ``aligned`` are never
-    defaults: a study names them. Resolved
-    settings resolve to themselves.
+    defaults: a study names them. Resolved settings resolve to themselves.
     """
     def refuse(key: str, why: str) -> ConfigError:
         return ConfigError([(key, f"{why}; this trial trains {model_name} with {objective!r}")])
