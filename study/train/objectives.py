@@ -423,6 +423,8 @@ def history_new_target_windows(items: np.ndarray, starts: np.ndarray, lengths: n
       windows, slots included. It costs about max_len / ``step`` more windows a user than ``tail``.
     """
     _check_step(step, max_len)
+    if targets not in SCORED_ONCE:  # any other value would fall into one of the layouts below unnoticed
+        raise ValueError(f"targets must be one of {SCORED_ONCE}, got {targets!r}")
     starts, lengths = np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
     if targets == "aligned":
         counts = np.where(lengths >= 2, -(-(lengths - 1) // step), 0)
