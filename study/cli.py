@@ -23,11 +23,13 @@ EXIT_INTERRUPTED = 130
 CONSOLE_WIDTH = 120  # study.search.console.WIDTH, not imported: that module is not needed before the first line
 
 
-def run_command(body: Callable[[], int], *, address: str, first_line: str | None, interrupted: str) -> int:
+def run_command(body: Callable[[], int], *, address: str, first_line: str | None,
+                interrupted: str | None) -> int:
     """Run a Ray command's ``body`` under the pattern above; returns the exit code.
 
     ``first_line`` is printed on stdout before anything heavy is imported (None: print nothing, for dry runs);
-    ``interrupted`` is what the user can do after Ctrl-C (e.g. the ``--resume`` command).
+    ``interrupted`` is what the user can do after Ctrl-C (e.g. the ``--resume`` command); None prints nothing,
+    for a command run by another command that says how to continue.
     """
     if first_line is not None:
         # wrapped like every console line (a long study path would overflow 120 columns)
@@ -41,7 +43,8 @@ def run_command(body: Callable[[], int], *, address: str, first_line: str | None
     except (UserError, ConfigError) as error:  # StudyConfigError too: one line per problem
         return print_error(error)
     except KeyboardInterrupt:
-        print(f"interrupted; {interrupted}", file=sys.stderr)
+        if interrupted is not None:
+            print(f"interrupted; {interrupted}", file=sys.stderr)
         return EXIT_INTERRUPTED
 
 

@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-cpus", type=int, default=None,
                         help="CPUs the local Ray may use (default: all of this machine's)")
     parser.add_argument("--quiet", action="store_true", help="no Tune progress tables, no worker output")
+    parser.add_argument("--no-resume-line", action="store_true",
+                        help="after Ctrl-C, print no --resume line: for a sweep started by another command (a "
+                             "campaign) that says itself how to continue")
     return parser
 
 
@@ -99,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
 
     return run_command(body, address=args.address, first_line=None if args.dry_run else
                        f"study.sweep: validating {args.study}, then preparing its dataset and starting Ray",
-                       interrupted=f"continue with: {resume_command(args)}")
+                       interrupted=None if args.no_resume_line else f"continue with: {resume_command(args)}")
 
 
 if __name__ == "__main__":

@@ -228,7 +228,8 @@ def run_study(campaign: Campaign, dataset: str, study: str, options) -> Path | N
               f"(restored from the campaign's records?); reported as it is. --rerun {study} runs it whole",
               file=sys.stderr)
         return folder
-    command = [sys.executable, "-m", "study.sweep", str(campaign.study_file(study)), "--quiet"]
+    # the sweep's own "--resume" line would compete with the campaign's "rerun the same command" after Ctrl-C
+    command = [sys.executable, "-m", "study.sweep", str(campaign.study_file(study)), "--quiet", "--no-resume-line"]
     for override in sweep_overrides(campaign, dataset, study, options.sources.get(dataset), options.quick,
                                     tuple(options.overrides)):
         command += ["--set", override]

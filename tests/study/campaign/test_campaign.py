@@ -462,6 +462,7 @@ def test_a_sweep_stopped_by_a_signal_stops_the_campaign_as_interrupted(campaign_
                         lambda command: sweeps.append(InterruptedSweep(command, returncode)) or sweeps[-1])
     assert main([str(campaign_file), "--datasets", "small", "--studies", "b", "c"]) == 130
     assert [sweep.command[3].rsplit("/", 1)[-1] for sweep in sweeps] == ["b.yaml"]  # c is not started
+    assert "--no-resume-line" in sweeps[0].command  # the campaign's line below is the one to follow
     err = capsys.readouterr().err
     assert err.startswith("interrupted; rerun the same command") and "failed" not in err
     assert not load_campaign(campaign_file).page.exists()  # nothing reported from the half-run study

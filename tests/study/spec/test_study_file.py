@@ -217,6 +217,11 @@ def test_help_documents_the_schema(capsys: pytest.CaptureFixture) -> None:
         assert section in out, section
 
 
+def press_ctrl_c(*args: object, **kwargs: object) -> None:
+    """A sweep's run, stopped by Ctrl-C."""
+    raise KeyboardInterrupt
+
+
 def test_ctrl_c_names_the_resume_command_with_the_overrides_that_locate_the_run(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     """A study renamed or moved with --set is found again only if --resume repeats those --set: the hint must."""
@@ -224,10 +229,7 @@ def test_ctrl_c_names_the_resume_command_with_the_overrides_that_locate_the_run(
 
     from study.sweep import build_parser
 
-    def interrupted(*args: object, **kwargs: object) -> None:
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr("study.search.runner.run_study", interrupted)
+    monkeypatch.setattr("study.search.runner.run_study", press_ctrl_c)
     overrides = ["name=renamed-run", f"storage={tmp_path / 'my results' / 'renamed-run'}"]
     argv = [str(REPO / "search_spaces" / "sasrec.yaml"), *(w for o in overrides for w in ("--set", o)),
             "--num-cpus", "1"]
@@ -236,6 +238,16 @@ def test_ctrl_c_names_the_resume_command_with_the_overrides_that_locate_the_run(
     assert hint.startswith("interrupted; continue with: python -m study.sweep ")
     again = build_parser().parse_args(shlex.split(hint.split("python -m study.sweep ", 1)[1]))
     assert again.study == argv[0] and again.overrides == overrides and again.num_cpus == 1 and again.resume
+
+
+def test_a_sweep_started_by_a_campaign_leaves_the_resume_line_to_the_campaign(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """Two lines saying how to continue, the sweep's and the campaign's, would compete: --no-resume-line drops the
+    sweep's and keeps the exit code the campaign reads."""
+    monkeypatch.setattr("study.search.runner.run_study", press_ctrl_c)
+    assert main([str(REPO / "search_spaces" / "sasrec.yaml"), "--num-cpus", "1", "--no-resume-line"]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted" not in err and "--resume" not in err
 
 
 def windows_study(tmp_path: Path, model: str, resources: str = "{cpu: 1}", fixed: str = "{window_step: 5}",
