@@ -89,6 +89,8 @@ CANDIDATES: dict[str, dict[str, Any]] = {
 # The epochs on either side of the best one whose validation figures the selecting mean takes in: the trainer's
 # patience (10) leaves ten after the best whenever it, not the budget, ends a run, so five fit after any best.
 AROUND_BEST = 5
+# A candidate trained without a budget runs for up to an hour on one thread: it says where it stands this often.
+PROGRESS_EVERY_S = 300.0
 
 
 @dataclass
@@ -99,11 +101,16 @@ class Run:
     epochs: list[tuple[float, float, float]] = field(default_factory=list)
     valid: list[float] = field(default_factory=list)  # per epoch: that epoch's validation NDCG@10
     best_extras: list[dict[str, float]] = field(default_factory=list)  # per epoch: the best epoch's model statistics
+    name: str = ""  # "<candidate> seed <n>" for the progress lines; none printed without it
 
     def __call__(self, report: EpochReport) -> None:
+        printed_at = self.epochs[-1][0] // PROGRESS_EVERY_S if self.epochs else 0.0
         self.epochs.append((report.wall_time_s, report.best_valid["ndcg@10"], report.best_test["ndcg@10"]))
         self.valid.append(report.valid["ndcg@10"])
         self.best_extras.append(dict(report.best_extra))
+        if self.name and report.wall_time_s // PROGRESS_EVERY_S > printed_at:
+            print(f"  {self.name}: epoch {report.epoch}, {report.wall_time_s:.0f} s, best valid NDCG@10 "
+                  f"{report.best_valid['ndcg@10']:.4f} at epoch {report.best_epoch}", flush=True)
 
     def within(self, budget: float) -> list[tuple[float, float, float]]:
         return [epoch for epoch in self.epochs if epoch[0] <= budget]
@@ -126,8 +133,8 @@ class Run:
 
 
 def train(prepared: Path, overrides: dict[str, Any], threads: int, budget: float, seed: int,
-          model: str = "sasrec") -> Run:
-    run = Run()
+          model: str = "sasrec", name: str = "") -> Run:
+    run = Run(name=name)
     data = TrialData.from_prepared(prepared, overrides["max_len"])  # windows cut to the candidate's length
     run_trial(model, data, {"num_threads": threads, "time_budget_s": budget, "measure_efficiency": False,
                                "seed": seed, **overrides}, callback=run)
@@ -188,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.threads} threads; {load_text()}", flush=True)
     rows = []
     for label in args.only or CANDIDATES:
-        runs = [train(prepared, CANDIDATES[label], args.threads, args.budget, seed, args.model)
+        runs = [train(prepared, CANDIDATES[label], args.threads, args.budget, seed, args.model, f"{label} seed {seed}")
                 for seed in range(args.first_seed, args.first_seed + args.seeds)]
         row = summarise(label, runs, args.budget, args.first_seed)
         rows.append(row)

@@ -95,3 +95,18 @@ def test_a_candidate_prints_each_seed_and_gives_the_medians_of_its_seeds(
     assert row.best_valid == pytest.approx(0.07) and row.around_best == pytest.approx((0.04 + 0.17 / 3) / 2)
     assert row.test == pytest.approx(0.04) and row.epochs == 3
     assert row.seconds_to_quality is None  # the spiky seed's test never reached the target
+
+
+def test_a_named_run_says_where_it_stands_once_every_few_minutes(capsys: pytest.CaptureFixture) -> None:
+    from types import SimpleNamespace
+
+    every = defaults_search.PROGRESS_EVERY_S
+    walls = [0.4 * every, 0.9 * every, 1.1 * every, 1.5 * every, 3.2 * every]  # crosses 1x, then 2x and 3x at once
+    for name in ("", "windows=5,aligned seed 3"):
+        run = defaults_search.Run(name=name)
+        for epoch, wall in enumerate(walls, start=1):
+            run(SimpleNamespace(epoch=epoch, wall_time_s=wall, best_epoch=epoch - 1, best_valid={"ndcg@10": 0.05},
+                                best_test={"ndcg@10": 0.04}, valid={"ndcg@10": 0.05}, best_extra={}))
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(": ")[1].split(",")[0] for line in lines] == ["epoch 3", "epoch 5"]  # none unnamed
+    assert lines[0].startswith("  windows=5,aligned seed 3: epoch 3, ") and "at epoch 2" in lines[0]
