@@ -77,6 +77,10 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     # every target in a window's newest `step` slots, as `last`'s are in its newest one (at a step of 1, `last`)
     "windows=10,aligned": {"max_len": 50, "window_step": 10, "window_targets": "aligned"},
     "windows=5,aligned": {"max_len": 50, "window_step": 5, "window_targets": "aligned"},
+    "windows=2,aligned": {"max_len": 50, "window_step": 2, "window_targets": "aligned"},
+    # `aligned` at a step of 1: CE at the end of every prefix (the campaign's `sasrec-last`), to pair the layouts
+    # above with it seed by seed on one device
+    "last": {"max_len": 50, "objective": "last"},
     # ELASTIC's memory (`--model elastic`, which trains with `last`): Lample et al.'s remedies for queries that
     # crowd onto a few experts, against the paper's memory as read (the campaign's `elastic` study)
     "elastic": {"max_len": 50},

@@ -110,3 +110,18 @@ def test_a_named_run_says_where_it_stands_once_every_few_minutes(capsys: pytest.
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(": ")[1].split(",")[0] for line in lines] == ["epoch 3", "epoch 5"]  # none unnamed
     assert lines[0].startswith("  windows=5,aligned seed 3: epoch 3, ") and "at epoch 2" in lines[0]
+
+
+# ELASTIC's memory options exist only in ELASTIC; every other candidate is read by every model family
+ELASTIC_ONLY = {"query_batchnorm", "key_heads"}
+
+
+@pytest.mark.parametrize("label", list(defaults_search.CANDIDATES))
+def test_every_candidate_names_settings_its_model_accepts(label: str) -> None:
+    from study.train.config import split_settings
+
+    settings = defaults_search.CANDIDATES[label]
+    model = "elastic" if ELASTIC_ONLY & set(settings) or label == "elastic" else "sasrec"
+    train_cfg, hparams = split_settings(model, settings)  # a misspelt or foreign key raises ConfigError
+    assert hparams["max_len"] == settings["max_len"]
+    assert all(getattr(train_cfg, key, hparams.get(key)) == value for key, value in settings.items())
