@@ -78,6 +78,9 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "windows=10,aligned": {"max_len": 50, "window_step": 10, "window_targets": "aligned"},
     "windows=5,aligned": {"max_len": 50, "window_step": 5, "window_targets": "aligned"},
     "windows=2,aligned": {"max_len": 50, "window_step": 2, "window_targets": "aligned"},
+    # `aligned` with the windows' ends moved every epoch: each target at every newest slot over the epochs, with the
+    # contexts those slots give it, where `aligned` keeps one (`last` gives each target one slot and one context)
+    "windows=10,shifting": {"max_len": 50, "window_step": 10, "window_targets": "shifting"},
     # `aligned` at a step of 1: CE at the end of every prefix (the campaign's `sasrec-last`), to pair the layouts
     # above with it seed by seed on one device
     "last": {"max_len": 50, "objective": "last"},

@@ -68,10 +68,11 @@ def resolve_windows(objective: str, window_step: int | None, window_targets: str
 
     ``window_step`` 0 trains on each user's newest window only, scoring all of it (``all``). Otherwise windows
     ``window_step`` items apart cover the whole history, so every training item is a target an epoch: ``all`` scores
-    every target of every window (:func:`history_windows`, BERT4Rec's reference layout), ``new``, ``tail`` and
-    ``aligned`` only the ones no newer window scored, the older part of a window being context
+    every target of every window (:func:`history_windows`, BERT4Rec's reference layout), ``new``, ``tail``,
+    ``aligned`` and ``shifting`` only the ones no newer window scored, the older part of a window being context
     (:func:`history_new_target_windows`; ``tail`` scores the newest window's older targets in older windows too,
-    where they see more context, and ``aligned`` also scores every target in a window's newest slots).
+    where they see more context, ``aligned`` also scores every target in a window's newest slots, and ``shifting``
+    moves those windows every epoch).
 
     The defaults (``None``): under ``cloze``, windows 0.1 x max_len apart (BERT4Rec's ``prop_sliding_window``)
     with ``all``, since a cloze window's targets are the random masked positions, none of which is newer than
@@ -79,9 +80,9 @@ def resolve_windows(objective: str, window_step: int | None, window_targets: str
     (``SeqRecModel.whole_history_windows``; else each user's newest window), windows max_len / 5 apart with
     ``new``, so each target older than the newest window sees at least 0.8 x max_len items of context, and an
     epoch computes about five windows per max_len items of history beyond the newest window. ``last`` trains on
-    every prefix and has no windows: a step or ``new`` given with it are an error, as are ``new``, ``tail`` or
-    ``aligned`` under cloze and a step past max_len (it would skip items). ``tail`` and ``aligned`` are never
-    defaults: a study names them. Resolved settings resolve to themselves.
+    every prefix and has no windows: a step or ``new`` given with it are an error, as are the layouts that score
+    each target once (:data:`SCORED_ONCE`) under cloze and a step past max_len (it would skip items). ``tail``,
+    ``aligned`` and ``shifting`` are never defaults: a study names them. Resolved settings resolve to themselves.
     """
     def refuse(key: str, why: str) -> ConfigError:
         return ConfigError([(key, f"{why}; this trial trains {model_name} with {objective!r}")])
@@ -398,9 +399,10 @@ def history_new_target_windows(items: np.ndarray, starts: np.ndarray, lengths: n
                                batch_size: int, rng: np.random.Generator,
                                targets: str = "new") -> Iterator[WindowBatch]:
     """Shuffled batches of windows over users' whole training histories in which every training item but each
-    user's first is scored exactly once (``window_targets`` ``new``, ``tail`` or ``aligned``, :data:`SCORED_ONCE`):
-    the older part of a window is context, computed but not scored, which is what overlapping windows cost.
-    ``scored`` says how many newest targets each window scores. Same rows and arguments as :func:`history_windows`.
+    user's first is scored exactly once (``window_targets`` ``new``, ``tail``, ``aligned`` or ``shifting``,
+    :data:`SCORED_ONCE`): the older part of a window is context, computed but not scored, which is what overlapping
+    windows cost. ``scored`` says how many newest targets each window scores. Same rows and arguments as
+    :func:`history_windows`.
 
     ``new`` and ``tail`` cut a history of T items into 1 + ceil((T - 1 - max_len) / ``step``) windows; they differ
     in where the newest window's targets are scored:
@@ -421,13 +423,20 @@ def history_new_target_windows(items: np.ndarray, starts: np.ndarray, lengths: n
       scoring its newest ``step`` targets (fewer in the oldest). Every target is scored in the newest ``step``
       slots of a window, with the same items before it as under ``tail``; with a step of 1 these are ``last``'s
       windows, slots included. It costs about max_len / ``step`` more windows a user than ``tail``.
+    - ``shifting``: as ``aligned``, but every epoch each user's newest window scores a random 1 .. ``step`` of the
+      newest targets (uniform), and the older windows end ``step`` apart below them. The windows' ends move from
+      epoch to epoch, so over the epochs each target is scored at every one of the newest ``step`` slots, with as
+      many different contexts, where ``aligned`` scores it at one slot and context every epoch (``last`` at the
+      newest slot, after its max_len items, in a pass of its own). One window a user more at most.
     """
     _check_step(step, max_len)
     if targets not in SCORED_ONCE:  # any other value would fall into one of the layouts below unnoticed
         raise ValueError(f"targets must be one of {SCORED_ONCE}, got {targets!r}")
     starts, lengths = np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
-    if targets == "aligned":
-        counts = np.where(lengths >= 2, -(-(lengths - 1) // step), 0)
+    if targets in ("aligned", "shifting"):
+        shift = rng.integers(0, step, size=len(lengths)) if targets == "shifting" else 0
+        newest = np.minimum(step - shift, np.maximum(lengths - 1, 0))  # the targets the newest window scores
+        counts = np.where(lengths >= 2, 1 + -(-(lengths - 1 - newest) // step), 0)
     else:
         unscored = np.maximum(lengths - 1 - max_len, 0)  # targets (items 1 ..) the newest window does not reach
         counts = np.where(lengths >= 2, 1 + -(-unscored // step), 0)
@@ -436,10 +445,12 @@ def history_new_target_windows(items: np.ndarray, starts: np.ndarray, lengths: n
     if targets == "new":
         last = np.where(ranks == 0, lengths[owners] - 1, lengths[owners] - 1 - max_len - (ranks - 1) * step)
         scored = np.where(ranks == 0, max_len, np.minimum(step, last))
-    else:
+    elif targets == "tail":
         last = lengths[owners] - 1 - ranks * step
-        oldest = ranks == counts[owners] - 1
-        scored = np.where(oldest, last, step) if targets == "tail" else np.minimum(step, last)
+        scored = np.where(ranks == counts[owners] - 1, last, step)  # the oldest scores all it still holds
+    else:
+        last = np.where(ranks == 0, lengths[owners] - 1, lengths[owners] - 1 - newest[owners] - (ranks - 1) * step)
+        scored = np.where(ranks == 0, newest[owners], np.minimum(step, last))
     yield from _window_batches(items, starts, owners, starts[owners] + last, scored, max_len, batch_size, rng)
 
 

@@ -36,8 +36,9 @@ def setting(default: Any, *roles: str) -> Any:
 
 
 EVAL_MODES = ("full", "sampled")
-WINDOW_TARGETS = ("new", "tail", "aligned", "all")
-SCORED_ONCE = ("new", "tail", "aligned")  # the window_targets under which an epoch scores each training item once
+WINDOW_TARGETS = ("new", "tail", "aligned", "shifting", "all")
+# the window_targets under which an epoch scores each training item once
+SCORED_ONCE = ("new", "tail", "aligned", "shifting")
 NEGATIVE_SAMPLERS = ("uniform", "popularity")
 METRIC_KS = (5, 10, 20)
 SELECTION_METRIC = "ndcg@10"  # the default validation metric that picks the best epoch
@@ -72,8 +73,9 @@ class TrainConfig:
     # no whole histories); None (`auto`) = the objective's default. window_targets: which targets of those windows
     # carry the loss, `new` (each item once an epoch, the rest of a window is context), `tail` (the same, with the
     # newest window's older targets scored where they see more context), `aligned` (as `tail`, with every target
-    # scored in a window's newest slots, as `last`'s are) or `all`; None (`auto`) = `new` where an
-    # objective scores every position, `all` under cloze. See study.train.objectives.resolve_windows
+    # scored in a window's newest slots, as `last`'s are), `shifting` (as `aligned`, the windows' ends moved by a
+    # random number of items below the step every epoch, so a target's slot changes) or `all`; None (`auto`) = `new`
+    # where an objective scores every position, `all` under cloze. See study.train.objectives.resolve_windows
     window_step: int | None = None
     window_targets: str | None = None
     # `sampled_ce` only (training negatives; num_negatives/negative_sampler above are the *evaluation* protocol's)

@@ -172,7 +172,7 @@ def test_new_target_windows_score_every_training_item_once_with_context(targets)
                 newest = batch.scored[row] == max_len and targets == "new"
                 reach = column + 1 if newest else max_len - step + 1
                 assert context[row, column] >= min(position[target], reach), (max_len, step, target)
-                if targets == "aligned":  # in the newest `step` slots, as `last`'s targets are in its newest one
+                if targets in ("aligned", "shifting"):  # in the newest `step` slots, as `last`'s are in its newest
                     assert column >= max_len - step, (max_len, step, target)
             # an older window holds real items only: no padding inside a history
             real = batch.windows > 0
@@ -182,8 +182,11 @@ def test_new_target_windows_score_every_training_item_once_with_context(targets)
         # `new` and `tail` cut a history into the same number of windows, so they cost the same; `aligned` goes on
         # down to the first target
         trained = [size for size in sizes if size >= 2]
+        aligned = sum(-(-(size - 1) // step) for size in trained)
         if targets == "aligned":
-            assert windows == sum(-(-(size - 1) // step) for size in trained)
+            assert windows == aligned
+        elif targets == "shifting":  # a shifted newest window can leave one more at the oldest end
+            assert aligned <= windows <= aligned + len(trained)
         else:
             assert windows == sum(1 + -(-max(size - 1 - max_len, 0) // step) for size in trained)
 
@@ -203,13 +206,14 @@ def test_tail_windows_score_a_newest_window_target_with_an_older_windows_context
         assert found == [context_of_item_22], targets
 
 
-def scored_windows(histories: list[list[int]], max_len: int, step: int, targets: str) -> list[tuple[int, ...]]:
+def scored_windows(histories: list[list[int]], max_len: int, step: int, targets: str,
+                   rng: np.random.Generator | None = None) -> list[tuple[int, ...]]:
     """Each scored target's window as the model reads it: its slots up to the target's, so that a tuple shorter
     than max_len + 1 is a target scored before the newest slot."""
     items, starts, lengths = as_flat(histories)
     found = []
-    for batch in history_new_target_windows(items, starts, lengths, max_len, step, 4, np.random.default_rng(0),
-                                            targets=targets):
+    for batch in history_new_target_windows(items, starts, lengths, max_len, step, 4,
+                                            rng or np.random.default_rng(0), targets=targets):
         mask = scored_positions(torch.as_tensor(batch.windows), torch.as_tensor(batch.scored)).numpy()
         for row, column in zip(*np.nonzero(mask)):
             found.append(tuple(int(item) for item in batch.windows[row, :column + 2]))
@@ -230,6 +234,24 @@ def test_tail_and_aligned_windows_a_step_apart_are_lasts_prefixes():
     assert items_only(tail) == items_only(prefixes)
     assert sorted(tail) != sorted(prefixes)  # the oldest windows' slots differ
     assert sorted(scored_windows(histories, 6, 1, "aligned")) == sorted(prefixes)
+
+
+def test_shifting_windows_move_each_target_through_the_newest_slots_across_epochs():
+    """`aligned` scores a target at the same slot every epoch; `shifting` at each of the newest `step` slots over
+    the epochs, each epoch still once. With a step of 1 there is one slot, and the windows are `aligned`'s."""
+    histories = [list(range(1, 41)), list(range(50, 54))]
+    rng = np.random.default_rng(0)
+    slots: dict[int, set[int]] = {}
+    for _ in range(60):
+        epoch = scored_windows(histories, 8, 4, "shifting", rng)
+        assert sorted(window[-1] for window in epoch) == sorted(i for history in histories for i in history[1:])
+        for window in epoch:  # the slot counted back from the newest: 0 = the newest, as `last` scores
+            slots.setdefault(window[-1], set()).add(8 + 1 - len(window))
+    assert all(slots[target] == {0, 1, 2, 3} for target in range(2, 38))
+    assert [slots[target] for target in (38, 39, 40)] == [{0, 1, 2}, {0, 1}, {0}]  # no window ends past item 40
+    aligned = scored_windows(histories, 8, 4, "aligned")
+    assert len({8 + 1 - len(window) for window in aligned if window[-1] == 20}) == 1
+    assert sorted(scored_windows(histories, 8, 1, "shifting")) == sorted(scored_windows(histories, 8, 1, "aligned"))
 
 
 @pytest.mark.parametrize("targets", SCORED_ONCE)
