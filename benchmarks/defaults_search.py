@@ -81,6 +81,9 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     # `aligned` with the windows' ends moved every epoch: each target at every newest slot over the epochs, with the
     # contexts those slots give it, where `aligned` keeps one (`last` gives each target one slot and one context)
     "windows=10,shifting": {"max_len": 50, "window_step": 10, "window_targets": "shifting"},
+    # `shifting`'s slots in `last`'s passes: each target in a window of its own, so that it shares no forward pass
+    # and no dropout draw, at `last`'s cost; what separates where a target is scored from its sharing a pass
+    "windows=10,single": {"max_len": 50, "window_step": 10, "window_targets": "single"},
     # `aligned` at a step of 1: CE at the end of every prefix (the campaign's `sasrec-last`), to pair the layouts
     # above with it seed by seed on one device
     "last": {"max_len": 50, "objective": "last"},

@@ -36,9 +36,9 @@ def setting(default: Any, *roles: str) -> Any:
 
 
 EVAL_MODES = ("full", "sampled")
-WINDOW_TARGETS = ("new", "tail", "aligned", "shifting", "all")
+WINDOW_TARGETS = ("new", "tail", "aligned", "shifting", "single", "all")
 # the window_targets under which an epoch scores each training item once
-SCORED_ONCE = ("new", "tail", "aligned", "shifting")
+SCORED_ONCE = ("new", "tail", "aligned", "shifting", "single")
 NEGATIVE_SAMPLERS = ("uniform", "popularity")
 METRIC_KS = (5, 10, 20)
 SELECTION_METRIC = "ndcg@10"  # the default validation metric that picks the best epoch
@@ -74,7 +74,8 @@ class TrainConfig:
     # carry the loss, `new` (each item once an epoch, the rest of a window is context), `tail` (the same, with the
     # newest window's older targets scored where they see more context), `aligned` (as `tail`, with every target
     # scored in a window's newest slots, as `last`'s are), `shifting` (as `aligned`, the windows' ends moved by a
-    # random number of items below the step every epoch, so a target's slot changes) or `all`; None (`auto`) = `new`
+    # random number of items below the step every epoch, so a target's slot changes), `single` (`shifting`'s slots,
+    # each target in a window of its own, as under `last`) or `all`; None (`auto`) = `new`
     # where an objective scores every position, `all` under cloze. See study.train.objectives.resolve_windows
     window_step: int | None = None
     window_targets: str | None = None

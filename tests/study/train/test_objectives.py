@@ -172,11 +172,15 @@ def test_new_target_windows_score_every_training_item_once_with_context(targets)
                 newest = batch.scored[row] == max_len and targets == "new"
                 reach = column + 1 if newest else max_len - step + 1
                 assert context[row, column] >= min(position[target], reach), (max_len, step, target)
-                if targets in ("aligned", "shifting"):  # in the newest `step` slots, as `last`'s are in its newest
+                if targets in ("aligned", "shifting", "single"):  # in the newest `step` slots, as `last`'s are
                     assert column >= max_len - step, (max_len, step, target)
-            # an older window holds real items only: no padding inside a history
+            # no padding inside a history: after the first real item, only `single`'s after its one target
             real = batch.windows > 0
-            assert (real[:, 1:] | ~np.cumsum(real, axis=1)[:, :-1].astype(bool)).all()
+            started = np.cumsum(real, axis=1)[:, :-1].astype(bool)
+            if targets == "single":
+                assert (mask.sum(1) == 1).all()
+                started &= np.arange(max_len)[None, :] < max_len - batch.scored[:, None] + 1
+            assert (real[:, 1:] | ~started).all()
         # every training item but each user's first, exactly once an epoch
         assert sorted(scored_items) == sorted(int(i) for history in histories for i in history[1:]), (max_len, step)
         # `new` and `tail` cut a history into the same number of windows, so they cost the same; `aligned` goes on
@@ -187,6 +191,8 @@ def test_new_target_windows_score_every_training_item_once_with_context(targets)
             assert windows == aligned
         elif targets == "shifting":  # a shifted newest window can leave one more at the oldest end
             assert aligned <= windows <= aligned + len(trained)
+        elif targets == "single":  # `last`'s windows: one a target
+            assert windows == sum(size - 1 for size in trained)
         else:
             assert windows == sum(1 + -(-max(size - 1 - max_len, 0) // step) for size in trained)
 
@@ -254,6 +260,38 @@ def test_shifting_windows_move_each_target_through_the_newest_slots_across_epoch
     assert sorted(scored_windows(histories, 8, 1, "shifting")) == sorted(scored_windows(histories, 8, 1, "aligned"))
 
 
+def test_single_windows_score_each_target_alone_at_every_newest_slot_across_epochs():
+    """`single` gives every target a window of its own, scored at a random one of the newest `step` slots each
+    epoch with padding after it, so the target at the end of a history too reaches every slot; at a step of 1 its
+    windows are `last`'s prefixes."""
+    histories = [list(range(1, 41)), list(range(50, 54))]
+    rng = np.random.default_rng(0)
+    slots: dict[int, set[int]] = {}
+    for _ in range(60):
+        epoch = scored_windows(histories, 8, 4, "single", rng)
+        assert sorted(window[-1] for window in epoch) == sorted(i for history in histories for i in history[1:])
+        for window in epoch:
+            slots.setdefault(window[-1], set()).add(8 + 1 - len(window))
+            # the up to 8 - slot items before the target, as a prefix of `last` cut by the slots after it
+            history = next(h for h in histories if window[-1] in h)
+            end = history.index(window[-1])
+            kept = history[max(0, end - (len(window) - 1)):end + 1]
+            assert window == (0,) * (len(window) - len(kept)) + tuple(kept)
+    assert all(slots[target] == {0, 1, 2, 3} for target in (*range(2, 41), 51, 52, 53))
+    assert sorted(scored_windows(histories, 8, 1, "single")) == sorted(naive_prefixes(histories, 8))
+
+
+def test_a_causal_models_output_at_a_target_ignores_the_padded_slots_after_it():
+    """What `single` relies on: a causal model scores a target the same whether the slots after it hold the
+    history's next items or padding."""
+    torch.manual_seed(0)
+    model = models.build("sasrec", num_items=60, max_len=8).eval()
+    real = torch.tensor([[0, 0, 5, 9, 11, 2, 40, 33]])
+    padded = real.clone()
+    padded[:, -3:] = 0  # the target after item 11 scored three slots before the newest
+    torch.testing.assert_close(model(padded)[:, :5], model(real)[:, :5])
+
+
 @pytest.mark.parametrize("targets", SCORED_ONCE)
 def test_a_new_target_epoch_on_lastfm_scores_each_training_item_once(lastfm_prepared, targets):
     data = TrialData.from_prepared(lastfm_prepared, max_len=50)
@@ -266,7 +304,10 @@ def test_a_new_target_epoch_on_lastfm_scores_each_training_item_once(lastfm_prep
         windows += len(batch.windows)
     np.testing.assert_array_equal(counts, np.maximum(data.valid.history_lengths - 1, 0))
     newest = int((data.valid.history_lengths >= 2).sum())
-    assert newest < windows < 10 * newest  # about one window per 10 items past the newest 50
+    if targets == "single":  # a window a target
+        assert windows == counts.sum()
+    else:
+        assert newest < windows < 10 * newest  # about one window per 10 items past the newest 50
 
 
 def test_each_epoch_shuffles_the_windows_differently():
