@@ -87,6 +87,11 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     # `aligned` at a step of 1: CE at the end of every prefix (the campaign's `sasrec-last`), to pair the layouts
     # above with it seed by seed on one device
     "last": {"max_len": 50, "objective": "last"},
+    # without dropout a window's targets give exactly the gradients of passes of their own (the model is causal), so
+    # if `last`'s lead over the windows is its one dropout draw a target, it goes with the dropout
+    "last,dropout=0": {"max_len": 50, "objective": "last", "dropout": 0.0, "attn_dropout": 0.0},
+    "windows=10,shifting,dropout=0": {"max_len": 50, "window_step": 10, "window_targets": "shifting",
+                                      "dropout": 0.0, "attn_dropout": 0.0},
     # ELASTIC's memory (`--model elastic`, which trains with `last`): Lample et al.'s remedies for queries that
     # crowd onto a few experts, against the paper's memory as read (the campaign's `elastic` study)
     "elastic": {"max_len": 50},
