@@ -3,7 +3,8 @@
 With one held-out target per user, HR@K, NDCG@K and MRR@K are functions of the target's rank
 alone, so the evaluator computes ranks on the device — one comparison against the target's score
 per candidate, which is cheaper than a top-k and exact for these metrics — and never loops over
-users in Python.
+users in Python. :func:`target_ranks` returns each user's rank, :func:`evaluate` the metrics' means over them, and
+:func:`user_metric` one metric per user, for statistics over users.
 
 Ties are broken by the expected rank under a random order (``1 + #higher + #tied / 2``), so a model
 that scores everything equally is not rewarded with rank 1.
@@ -31,14 +32,21 @@ METRIC_NAMES = ("hr", "ndcg", "mrr")
 
 def metrics_from_ranks(ranks: torch.Tensor, ks: tuple[int, ...] = METRIC_KS) -> dict[str, float]:
     """Mean HR/NDCG/MRR@K over users, from 1-based (possibly fractional) ranks of the single target."""
-    ranks = ranks.double()
-    out = {}
-    for k in ks:
-        hit = ranks <= k
-        out[f"hr@{k}"] = hit.double().mean().item()
-        out[f"ndcg@{k}"] = torch.where(hit, 1.0 / torch.log2(ranks + 1.0), 0.0).mean().item()
-        out[f"mrr@{k}"] = torch.where(hit, 1.0 / ranks, 0.0).mean().item()
-    return out
+    return {f"{name}@{k}": user_metric(ranks, name, k).mean().item() for k in ks for name in METRIC_NAMES}
+
+
+def user_metric(ranks: torch.Tensor, name: str, k: int) -> torch.Tensor:
+    """Each user's HR, NDCG or MRR@k (``name`` in :data:`METRIC_NAMES`), in float64, from the 1-based ranks of
+    their targets: what :func:`metrics_from_ranks` averages."""
+    ranks = torch.as_tensor(ranks).double()
+    hit = ranks <= k
+    if name == "hr":
+        return hit.double()
+    if name == "ndcg":
+        return torch.where(hit, 1.0 / torch.log2(ranks + 1.0), 0.0)
+    if name == "mrr":
+        return torch.where(hit, 1.0 / ranks, 0.0)
+    raise ValueError(f"unknown metric {name!r}; metrics are {METRIC_NAMES}")
 
 
 def rank_of_target(scores: torch.Tensor, target_scores: torch.Tensor) -> torch.Tensor:
@@ -115,11 +123,23 @@ class NonFiniteScores(FloatingPointError):
     """The model scored some users' targets NaN or ±inf: its metrics say nothing, the trial cannot select it."""
 
 
-@torch.no_grad()
 def evaluate(model: torch.nn.Module, split: EvalSplit, *, batch_size: int = 256, device: torch.device,
              mask_history: bool = False, negatives: np.ndarray | None = None,
              ks: tuple[int, ...] = METRIC_KS, strict: bool = False, trim: bool = True) -> dict[str, float]:
-    """Rank each user's target with ``model``; full ranking unless ``negatives`` (U, n) are given.
+    """Mean HR/NDCG/MRR@K of ``model`` on ``split``: :func:`metrics_from_ranks` of :func:`target_ranks`, which
+    takes the other arguments."""
+    return metrics_from_ranks(target_ranks(model, split, batch_size=batch_size, device=device,
+                                           mask_history=mask_history, negatives=negatives, strict=strict, trim=trim),
+                              ks)
+
+
+@torch.no_grad()
+def target_ranks(model: torch.nn.Module, split: EvalSplit, *, batch_size: int = 256, device: torch.device,
+                 mask_history: bool = False, negatives: np.ndarray | None = None, strict: bool = False,
+                 trim: bool = True) -> torch.Tensor:
+    """Each user's 1-based rank of its target under ``model``, (U,) on the CPU in the split's user order; full
+    ranking unless ``negatives`` (U, n) are given. Every metric is a mean over these, so a statistic over users (a
+    paired test, a split of the users) needs nothing else.
 
     Non-finite target scores rank last; with ``strict`` they raise :class:`NonFiniteScores` instead. ``trim``
     drops each batch's all-padding leading columns before the model reads it, and runs a zoo model's batch in
@@ -161,7 +181,7 @@ def evaluate(model: torch.nn.Module, split: EvalSplit, *, batch_size: int = 256,
     if strict and bad:
         raise NonFiniteScores(f"the model gave a non-finite score to the target of {bad} of {len(split.targets)} "
                               "users (diverged weights?)")
-    return metrics_from_ranks(torch.cat(ranks).cpu(), ks)
+    return torch.cat(ranks).cpu()
 
 
 def popularity_metrics(split: EvalSplit, item_popularity: np.ndarray, *, negatives: np.ndarray | None = None,

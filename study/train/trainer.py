@@ -39,7 +39,13 @@ from study.train.config import (
 )
 from study.train.cost import epoch_cost
 from study.train.ctrl_c import noting_ctrl_c
-from study.train.metrics import NonFiniteScores, evaluate, popularity_metrics, sample_negatives
+from study.train.metrics import (
+    NonFiniteScores,
+    metrics_from_ranks,
+    popularity_metrics,
+    sample_negatives,
+    target_ranks,
+)
 from study.train.objectives import trains_on_histories
 from study.train.results import make_result
 from study.train.state import (
@@ -69,6 +75,9 @@ class EpochReport:
     # and after the best epoch so far, whose metrics best_valid/best_test are: what a result row records
     best_extra: dict[str, float] = field(default_factory=dict)
     train_energy_j: float = float("nan")  # the device's energy over this epoch's training steps (study.train.energy)
+    # each validation user's rank of its target after this epoch (study.train.metrics.target_ranks), in the split's
+    # user order: `valid` holds their means, and a statistic over users (a split of them, a paired test) reads these
+    valid_ranks: np.ndarray | None = field(default=None, repr=False, compare=False)
     # The trial's whole state after this epoch, built only when asked (checkpoints are not taken every epoch); it
     # shares the live model's tensors, so save it before the next epoch starts.
     snapshot: Callable[[], TrainingState] | None = field(default=None, repr=False, compare=False)
@@ -339,7 +348,7 @@ class _Trial:
         total_loss, sequences, steps = self._train(epoch, bar, steps_per_epoch)
         train_time = time.perf_counter() - epoch_start
         train_energy = energy.read_j(self.energy, self.device) - energy_start
-        valid = self._validate(epoch)
+        valid, valid_ranks = self._validate(epoch)
         epoch_time = time.perf_counter() - epoch_start
         self.epoch_times.append(epoch_time)
         self.throughputs.append(sequences / train_time if train_time > 0 else float("nan"))
@@ -350,7 +359,7 @@ class _Trial:
                              train_time_s=train_time, throughput=self.throughputs[-1],
                              wall_time_s=time.perf_counter() - self.started, extra=self.model.stats(),
                              train_energy_j=self.train_energies[-1], best_extra=best.extra,
-                             snapshot=partial(self.snapshot, epoch))
+                             valid_ranks=valid_ranks, snapshot=partial(self.snapshot, epoch))
         self.epochs_run = epoch
         return report
 
@@ -378,14 +387,16 @@ class _Trial:
                 bar.update(1)
         return total_loss, sequences, steps
 
-    def _validate(self, epoch: int) -> dict[str, float]:
-        """The epoch's validation metrics, and early stopping's bookkeeping. An epoch that beats the best
-        ``selection_metric`` so far becomes the best: only then is the test split scored and the weights copied, so
-        that the test figures always belong to the best-validation epoch and never select anything."""
+    def _validate(self, epoch: int) -> tuple[dict[str, float], np.ndarray]:
+        """The epoch's validation metrics and each validation user's rank, and early stopping's bookkeeping. An
+        epoch that beats the best ``selection_metric`` so far becomes the best: only then is the test split scored and
+        the weights copied, so that the test figures always belong to the best-validation epoch and never select
+        anything."""
         try:
-            valid = self._score("valid")
+            ranks = self._ranks("valid")
         except NonFiniteScores as error:
             raise NonFiniteScores(f"validation after epoch {epoch}: {error}") from None
+        valid = metrics_from_ranks(ranks)
         best, selection = self.best, self.train_cfg.selection_metric
         if not best.valid or valid[selection] > best.valid[selection]:
             best.valid, best.epoch, best.epochs_without_gain = valid, epoch, 0
@@ -394,17 +405,21 @@ class _Trial:
             best.extra = self.model.stats()  # of the validation pass: a test pass counts nothing (ELASTIC)
         else:
             best.epochs_without_gain += 1
-        return valid
+        return valid, ranks.numpy()
 
     def _score(self, split_name: str, negatives: str | None = None) -> dict[str, float]:
         """Metrics on one split (``valid`` or ``test``) with the trial's evaluation protocol, or against the
         negatives stored under ``negatives`` (``sampled_test``)."""
+        return metrics_from_ranks(self._ranks(split_name, negatives))
+
+    def _ranks(self, split_name: str, negatives: str | None = None) -> torch.Tensor:
+        """Each user's rank of its target on one split, as :meth:`_score` takes its metrics from."""
         split = self.data.valid if split_name == "valid" else self.data.test
         train_cfg = self.train_cfg
         # strict: a model that scores targets NaN/inf fails the trial; such an epoch is never selected nor reported
-        return evaluate(self.model, split, batch_size=train_cfg.eval_batch_size, device=self.device,
-                        mask_history=train_cfg.mask_history, negatives=self.negatives.get(negatives or split_name),
-                        strict=True, trim=train_cfg.trim_padding)
+        return target_ranks(self.model, split, batch_size=train_cfg.eval_batch_size, device=self.device,
+                            mask_history=train_cfg.mask_history, negatives=self.negatives.get(negatives or split_name),
+                            strict=True, trim=train_cfg.trim_padding)
 
     def _test_scores(self) -> dict[str, float]:
         """The test metrics of the protocol, and against the ``sampled_test_negatives`` where they are set, as

@@ -174,19 +174,19 @@ def test_each_epoch_gets_the_energy_of_its_own_training_steps(synthetic_lastfm_p
     """Epoch 2's steps cost 100 J each, epoch 1's 1 J, and every evaluation 1000 J: each report holds its own
     epoch's training steps and nothing of the evaluations between them."""
     meter, per_step, steps = Meter(), [1.0], [0]
-    train_step, evaluate = TrainStep.__call__, trainer_module.evaluate
+    train_step, ranks = TrainStep.__call__, trainer_module.target_ranks
 
     def counted_step(self, *args, **kwargs):
         meter.joules += per_step[0]
         steps[-1] += 1
         return train_step(self, *args, **kwargs)
 
-    def counted_evaluate(*args, **kwargs):
+    def counted_ranks(*args, **kwargs):
         meter.joules += 1000.0
-        return evaluate(*args, **kwargs)
+        return ranks(*args, **kwargs)
 
     monkeypatch.setattr(TrainStep, "__call__", counted_step)
-    monkeypatch.setattr(trainer_module, "evaluate", counted_evaluate)
+    monkeypatch.setattr(trainer_module, "target_ranks", counted_ranks)
     monkeypatch.setattr(energy, "open_counter", lambda device: meter)
     reports = []
 

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from models.registry import ConfigError
 from study.errors import UserError
 from study.train.config import TrainConfig, split_settings
-from study.train.metrics import NonFiniteScores, popularity_metrics
+from study.train.metrics import NonFiniteScores, metrics_from_ranks, popularity_metrics
 from study.train.trainer import TrialData, epoch_windows, run_trial, user_batches
 
 REPO = Path(__file__).resolve().parents[3]
@@ -45,6 +46,11 @@ def test_same_seed_gives_identical_metrics_and_reports_every_epoch(synthetic):
     assert first["best_epoch"] == best.epoch
     assert first["valid_ndcg@10"] == best.valid["ndcg@10"]
     assert first["test_ndcg@10"] == reports[-1].best_test["ndcg@10"]
+    # each report's validation ranks, one a validation user, are what its every validation metric averages
+    for report in reports:
+        assert len(report.valid_ranks) == len(synthetic.valid.targets) and report.valid_ranks.min() >= 1
+        assert metrics_from_ranks(torch.as_tensor(report.valid_ranks)) == pytest.approx(report.valid, abs=1e-12)
+    assert not np.array_equal(reports[0].valid_ranks, reports[1].valid_ranks)  # each epoch its own
 
 
 def test_data_prepared_for_a_longer_window_is_cut_to_the_models(synthetic_lastfm_prepared, synthetic):
