@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 from benchmarks import defaults_search
 from benchmarks.speed import TARGET_NDCG
+from study.train.metrics import user_metric
 
 
 @pytest.mark.slow
@@ -28,6 +31,11 @@ def test_a_candidate_trains_on_its_own_window_and_reports_every_epoch(synthetic_
     best_valid = [valid for _, valid, _ in run.epochs]
     assert best_valid == sorted(best_valid)  # the best validation score so far never drops
     assert len(run.valid) == 3 and max(run.valid) == best_valid[-1]  # each epoch's own figure beside the best
+    # every epoch's ranks, one a validation user, are what its validation figure averages
+    assert len(run.ranks) == 3 and len({len(ranks) for ranks in run.ranks}) == 1
+    means = [user_metric(torch.as_tensor(ranks), "ndcg", 10).mean().item() for ranks in run.ranks]
+    assert means == pytest.approx(run.valid, abs=1e-12)
+    assert 0 < run.cross_fitted(1e9) <= max(run.valid)
 
 
 def test_time_to_quality_is_the_first_epoch_whose_test_figure_reaches_the_target() -> None:
@@ -82,6 +90,35 @@ def test_the_selecting_mean_takes_the_epochs_around_the_best_one_inside_the_budg
     assert run.mean_around_best(5.0) == 0.0
 
 
+def ranks_scoring(gains: np.ndarray) -> np.ndarray:
+    """Ranks whose NDCG@10 are ``gains`` (each 1 / log2(r + 1) of a rank r within the ten, or 0 past them)."""
+    return np.where(gains > 0, 2.0 ** (1.0 / np.where(gains > 0, gains, 1.0)) - 1.0, 100.0)
+
+
+def test_the_cross_fitted_figure_scores_the_selected_epoch_on_users_that_did_not_select_it() -> None:
+    users = np.random.default_rng(7)
+    # a plateau of 40 epochs whose users each hit rank 1 with probability 0.05 afresh every epoch: the expected
+    # NDCG@10 of every epoch is 0.05, and the best of 40 noisy epochs lies well above it
+    plateau = ranks_scoring((users.random((40, 400)) < 0.05).astype(float))
+    # one sharp peak: the same 24 of the 400 users at rank 1 (NDCG 0.06) at epoch 3, and next to nobody elsewhere
+    peak_gains = np.zeros((10, 400))
+    peak_gains[3, :24] = 1.0
+    peak_gains[:, 399] = 1.0
+    peak = ranks_scoring(peak_gains)
+    plateau_curve = user_metric(torch.as_tensor(plateau), "ndcg", 10).mean(1)
+    assert plateau_curve.max() > 0.06 + 1 / 400  # the maximum prefers the plateau ...
+    crossed_plateau = defaults_search.cross_fitted(plateau)
+    crossed_peak = defaults_search.cross_fitted(peak)
+    assert crossed_peak > crossed_plateau  # ... the cross-fitted figure the peak, whose epoch is really better
+    assert abs(crossed_plateau - 0.05) < 0.01  # the plateau's own level, not the maximum's excess
+    # where every epoch is the same, each half selects any and the other half scores exactly the epochs' figure
+    same = np.tile(ranks_scoring(np.linspace(0.0, 1.0, 50)), (5, 1))
+    assert defaults_search.cross_fitted(same) == pytest.approx(user_metric(torch.as_tensor(same[0]), "ndcg", 10)
+                                                               .mean().item(), abs=0.01)
+    assert defaults_search.cross_fitted([]) == 0.0
+    assert defaults_search.cross_fitted(plateau) == crossed_plateau  # the same halvings every call
+
+
 def test_a_candidate_prints_each_seed_and_gives_the_medians_of_its_seeds(
         capsys: pytest.CaptureFixture[str]) -> None:
     spiky = defaults_search.Run(epochs=[(10.0, 0.02, 0.01), (20.0, 0.08, 0.03), (30.0, 0.08, 0.03)],
@@ -91,7 +128,8 @@ def test_a_candidate_prints_each_seed_and_gives_the_medians_of_its_seeds(
     row = defaults_search.summarise("batch=8", [spiky, steady], 1e9, first_seed=4)
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in lines] == ["  batch=8 seed 4", "  batch=8 seed 5"]
-    assert "best valid NDCG@10 0.0800, mean valid over the best ± 5 epochs 0.0400, its test 0.0300" in lines[0]
+    assert ("best valid NDCG@10 0.0800, mean valid over the best ± 5 epochs 0.0400, cross-fitted valid 0.0000, its "
+            "test 0.0300") in lines[0]
     assert row.best_valid == pytest.approx(0.07) and row.around_best == pytest.approx((0.04 + 0.17 / 3) / 2)
     assert row.test == pytest.approx(0.04) and row.epochs == 3
     assert row.seconds_to_quality is None  # the spiky seed's test never reached the target
@@ -106,7 +144,8 @@ def test_a_named_run_says_where_it_stands_once_every_few_minutes(capsys: pytest.
         run = defaults_search.Run(name=name)
         for epoch, wall in enumerate(walls, start=1):
             run(SimpleNamespace(epoch=epoch, wall_time_s=wall, best_epoch=epoch - 1, best_valid={"ndcg@10": 0.05},
-                                best_test={"ndcg@10": 0.04}, valid={"ndcg@10": 0.05}, best_extra={}))
+                                best_test={"ndcg@10": 0.04}, valid={"ndcg@10": 0.05}, best_extra={},
+                                valid_ranks=np.ones(3)))
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(": ")[1].split(",")[0] for line in lines] == ["epoch 3", "epoch 5"]  # none unnamed
     assert lines[0].startswith("  windows=5,aligned seed 3: epoch 3, ") and "at epoch 2" in lines[0]
