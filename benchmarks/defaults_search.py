@@ -214,21 +214,25 @@ class Row:
     seconds_to_quality: float | None  # wall s until that test figure reached TARGET_NDCG, on every seed
 
 
-def summarise(label: str, runs: list[Run], budget: float, first_seed: int) -> Row:
-    """Print each seed's line (to pair with a study's seeds) and return the candidate's medians."""
+def seed_line(label: str, seed: int, run: Run, budget: float) -> str:
+    """One seed's figures inside the budget, to pair with a study's seeds: printed as soon as its run ends."""
+    epochs = run.within(budget)
+    valid, test = epochs[-1][1:] if epochs else (0.0, 0.0)
+    extra = run.best_extras[len(epochs) - 1] if epochs else {}
+    return (f"  {label} seed {seed}: {len(epochs)} epochs, best valid NDCG@10 {valid:.4f}, mean valid over the best "
+            f"± {AROUND_BEST} epochs {run.mean_around_best(budget):.4f}, cross-fitted valid "
+            f"{run.cross_fitted(budget):.4f}, its test {test:.4f}{usage_text(extra)}")
+
+
+def summarise(label: str, runs: list[Run], budget: float) -> Row:
+    """The candidate's medians over its seeds' runs."""
     counted = [run.within(budget) for run in runs]
     finals = [epochs[-1][1:] if epochs else (0.0, 0.0) for epochs in counted]  # (best valid, its test)
-    around = [run.mean_around_best(budget) for run in runs]
-    crossed = [run.cross_fitted(budget) for run in runs]
-    for seed, (run, epochs, (valid, test), near, fitted) in enumerate(zip(runs, counted, finals, around, crossed),
-                                                                      start=first_seed):
-        extra = run.best_extras[len(epochs) - 1] if epochs else {}
-        print(f"  {label} seed {seed}: {len(epochs)} epochs, best valid NDCG@10 {valid:.4f}, mean valid over the "
-              f"best ± {AROUND_BEST} epochs {near:.4f}, cross-fitted valid {fitted:.4f}, its test {test:.4f}"
-              f"{usage_text(extra)}", flush=True)
     reached = [run.time_to_quality() for run in runs]
     return Row(label, statistics.median(len(e) for e in counted), statistics.median(final[0] for final in finals),
-               statistics.median(around), statistics.median(crossed), statistics.median(final[1] for final in finals),
+               statistics.median(run.mean_around_best(budget) for run in runs),
+               statistics.median(run.cross_fitted(budget) for run in runs),
+               statistics.median(final[1] for final in finals),
                statistics.median(reached) if None not in reached else None)
 
 
@@ -251,9 +255,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.threads} threads; {load_text()}", flush=True)
     rows = []
     for label in args.only or CANDIDATES:
-        runs = [train(prepared, CANDIDATES[label], args.threads, args.budget, seed, args.model, f"{label} seed {seed}")
-                for seed in range(args.first_seed, args.first_seed + args.seeds)]
-        row = summarise(label, runs, args.budget, args.first_seed)
+        runs = []
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
+            runs.append(train(prepared, CANDIDATES[label], args.threads, args.budget, seed, args.model,
+                              f"{label} seed {seed}"))
+            print(seed_line(label, seed, runs[-1], args.budget), flush=True)
+        row = summarise(label, runs, args.budget)
         rows.append(row)
         print(f"{label}: {row.epochs:g} epochs, best valid NDCG@10 {row.best_valid:.4f}, mean around it "
               f"{row.around_best:.4f}, cross-fitted {row.cross_fitted:.4f}, its test {row.test:.4f}, test >= "

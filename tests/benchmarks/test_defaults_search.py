@@ -119,17 +119,17 @@ def test_the_cross_fitted_figure_scores_the_selected_epoch_on_users_that_did_not
     assert defaults_search.cross_fitted(plateau) == crossed_plateau  # the same halvings every call
 
 
-def test_a_candidate_prints_each_seed_and_gives_the_medians_of_its_seeds(
-        capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_candidate_prints_each_seed_and_gives_the_medians_of_its_seeds() -> None:
     spiky = defaults_search.Run(epochs=[(10.0, 0.02, 0.01), (20.0, 0.08, 0.03), (30.0, 0.08, 0.03)],
                                 valid=[0.02, 0.08, 0.02], best_extras=[{}] * 3)
     steady = defaults_search.Run(epochs=[(10.0, 0.05, 0.02), (20.0, 0.06, 0.05), (30.0, 0.06, 0.05)],
                                  valid=[0.05, 0.06, 0.06], best_extras=[{}] * 3)
-    row = defaults_search.summarise("batch=8", [spiky, steady], 1e9, first_seed=4)
-    lines = capsys.readouterr().out.splitlines()
-    assert [line.split(":")[0] for line in lines] == ["  batch=8 seed 4", "  batch=8 seed 5"]
+    line = defaults_search.seed_line("batch=8", 4, spiky, 1e9)
+    assert line.startswith("  batch=8 seed 4: 3 epochs, ")
     assert ("best valid NDCG@10 0.0800, mean valid over the best ± 5 epochs 0.0400, cross-fitted valid 0.0000, its "
-            "test 0.0300") in lines[0]
+            "test 0.0300") in line
+    assert "seed 5: 2 epochs" in defaults_search.seed_line("batch=8", 5, steady, 25.0)  # the budget's epochs only
+    row = defaults_search.summarise("batch=8", [spiky, steady], 1e9)
     assert row.best_valid == pytest.approx(0.07) and row.around_best == pytest.approx((0.04 + 0.17 / 3) / 2)
     assert row.test == pytest.approx(0.04) and row.epochs == 3
     assert row.seconds_to_quality is None  # the spiky seed's test never reached the target
