@@ -96,6 +96,14 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "last,dropout=0": {"max_len": 50, "objective": "last", "dropout": 0.0, "attn_dropout": 0.0},
     "windows=10,shifting,dropout=0": {"max_len": 50, "window_step": 10, "window_targets": "shifting",
                                       "dropout": 0.0, "attn_dropout": 0.0},
+    # a window's targets share its embedding and hidden dropout draws but not their attention dropout (a mask per
+    # query and key), so more of a window's noise is each target's own with more attention dropout, or more of both
+    "windows=10,new,attn_dropout=0.7": {"max_len": 50, "window_step": 10, "window_targets": "new",
+                                        "attn_dropout": 0.7},
+    "windows=10,new,dropout=0.7": {"max_len": 50, "window_step": 10, "window_targets": "new",
+                                   "dropout": 0.7, "attn_dropout": 0.7},
+    # `last` at a dropout between 0 and 0.5: without it it peaks after 3-7 epochs, with 0.5 after 8-51 (sasrec-last)
+    "last,dropout=0.2": {"max_len": 50, "objective": "last", "dropout": 0.2, "attn_dropout": 0.2},
     # ELASTIC's memory (`--model elastic`, which trains with `last`): Lample et al.'s remedies for queries that
     # crowd onto a few experts, against the paper's memory as read (the campaign's `elastic` study)
     "elastic": {"max_len": 50},
