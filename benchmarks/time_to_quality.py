@@ -1,9 +1,10 @@
 """How long SASRec takes to reach 0.9x the test NDCG@10 of SASRec trained on every prefix, by the windows it trains on.
 
     python -m benchmarks.time_to_quality --dataset ml-100k --source ../shared/datasets/ml-100k [--seeds 3]
-        [--threads 2] [--budget 1800] [--reference 0.0668] [--only newest history last] [--until-target]
+        [--threads 2] [--budget 1800] [--reference 0.0668] [--only newest history last last-no-dropout]
+        [--until-target]
 
-Three ways to cut each user's training history, everything else at the trainer's and SASRec's defaults (``python
+Ways to cut each user's training history, everything else at the trainer's and SASRec's defaults (``python
 -m study.train``'s ``run_trial``, the causal CE except where named):
 
 - ``newest``: each user's newest window only (``window_step: 0``), what every causal model trained on before
@@ -11,7 +12,8 @@ Three ways to cut each user's training history, everything else at the trainer's
 - ``history``: windows over the whole history, each training item a target once an epoch (the default,
   ``window_step`` max_len / 5 with ``window_targets: new``);
 - ``last``: CE at the end of every prefix of the whole history (``objective: last``, RecBole's augmentation), one
-  forward pass per training item.
+  forward pass per training item;
+- ``last-no-dropout``: the same without dropout (hidden and attention), which stops improving after a few epochs.
 
 The target is 0.9 x ``--reference``: by default the mean test NDCG@10 of the reproduction's ``sasrec-last`` study on
 the dataset, read from its committed records (``experiments/reproduction/runs/``); a dataset without such records
@@ -41,6 +43,7 @@ WAYS: dict[str, dict[str, Any]] = {
     "newest": {"window_step": 0},
     "history": {},  # today's defaults
     "last": {"objective": "last"},
+    "last-no-dropout": {"objective": "last", "dropout": 0.0, "attn_dropout": 0.0},
 }
 RECORDS = Path(__file__).resolve().parents[1] / "experiments" / "reproduction" / "runs"
 
