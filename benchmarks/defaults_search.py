@@ -104,6 +104,14 @@ CANDIDATES: dict[str, dict[str, Any]] = {
                                    "dropout": 0.7, "attn_dropout": 0.7},
     # `last` at a dropout between 0 and 0.5: without it it peaks after 3-7 epochs, with 0.5 after 8-51 (sasrec-last)
     "last,dropout=0.2": {"max_len": 50, "objective": "last", "dropout": 0.2, "attn_dropout": 0.2},
+    # without dropout `last` and `shifting` differ in their path: ~760 steps of 128 targets an epoch against ~83 of
+    # ~1,170. `last` at ~95 steps of 1,024, each target still in its own pass, asks whether the steps are the gap
+    "last,dropout=0,batch=1024": {"max_len": 50, "objective": "last", "dropout": 0.0, "attn_dropout": 0.0,
+                                  "batch_size": 1024},
+    # if they are, a longer step may stand in for more of them at the windows' cost (Adam's step is ~lr a weight)
+    "windows=10,shifting,dropout=0,lr=3e-3": {"max_len": 50, "window_step": 10, "window_targets": "shifting",
+                                              "dropout": 0.0, "attn_dropout": 0.0, "lr": 3e-3},
+    "windows=10,new,lr=3e-3": {"max_len": 50, "window_step": 10, "window_targets": "new", "lr": 3e-3},
     # ELASTIC's memory (`--model elastic`, which trains with `last`): Lample et al.'s remedies for queries that
     # crowd onto a few experts, against the paper's memory as read (the campaign's `elastic` study)
     "elastic": {"max_len": 50},
