@@ -112,6 +112,9 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "windows=10,shifting,dropout=0,lr=3e-3": {"max_len": 50, "window_step": 10, "window_targets": "shifting",
                                               "dropout": 0.0, "attn_dropout": 0.0, "lr": 3e-3},
     "windows=10,new,lr=3e-3": {"max_len": 50, "window_step": 10, "window_targets": "new", "lr": 3e-3},
+    # the windows at about `last`'s steps an epoch (~660 of ~146 targets), 16 users a step where `last` has ~113
+    "windows=10,shifting,dropout=0,batch=16": {"max_len": 50, "window_step": 10, "window_targets": "shifting",
+                                               "dropout": 0.0, "attn_dropout": 0.0, "batch_size": 16},
     # ELASTIC's memory (`--model elastic`, which trains with `last`): Lample et al.'s remedies for queries that
     # crowd onto a few experts, against the paper's memory as read (the campaign's `elastic` study)
     "elastic": {"max_len": 50},
