@@ -40,6 +40,9 @@ from study.train.trainer import EpochReport, TrialData, run_trial
 # this gives the table of benchmarks/results/cpu_speed.md.
 NEWEST = {"window_step": 0}
 OLD_WINDOW = {"max_len": 200, **NEWEST}
+# `shifting` windows 10 apart without dropout: the dropout-free windows the path diagnostics vary one setting of
+SHIFTING_NO_DROPOUT: dict[str, Any] = {"max_len": 50, "window_step": 10, "window_targets": "shifting",
+                                       "dropout": 0.0, "attn_dropout": 0.0}
 CANDIDATES: dict[str, dict[str, Any]] = {
     "max_len=200": OLD_WINDOW,  # the old defaults
     "batch=64": {**OLD_WINDOW, "batch_size": 64},
@@ -94,8 +97,7 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     # without dropout a window's targets give exactly the gradients of passes of their own (the model is causal), so
     # if `last`'s lead over the windows is its one dropout draw a target, it goes with the dropout
     "last,dropout=0": {"max_len": 50, "objective": "last", "dropout": 0.0, "attn_dropout": 0.0},
-    "windows=10,shifting,dropout=0": {"max_len": 50, "window_step": 10, "window_targets": "shifting",
-                                      "dropout": 0.0, "attn_dropout": 0.0},
+    "windows=10,shifting,dropout=0": SHIFTING_NO_DROPOUT,
     # a window's targets share its embedding and hidden dropout draws but not their attention dropout (a mask per
     # query and key), so more of a window's noise is each target's own with more attention dropout, or more of both
     "windows=10,new,attn_dropout=0.7": {"max_len": 50, "window_step": 10, "window_targets": "new",
@@ -109,17 +111,13 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "last,dropout=0,batch=1024": {"max_len": 50, "objective": "last", "dropout": 0.0, "attn_dropout": 0.0,
                                   "batch_size": 1024},
     # if they are, a longer step may stand in for more of them at the windows' cost (Adam's step is ~lr a weight)
-    "windows=10,shifting,dropout=0,lr=3e-3": {"max_len": 50, "window_step": 10, "window_targets": "shifting",
-                                              "dropout": 0.0, "attn_dropout": 0.0, "lr": 3e-3},
+    "windows=10,shifting,dropout=0,lr=3e-3": {**SHIFTING_NO_DROPOUT, "lr": 3e-3},
     "windows=10,new,lr=3e-3": {"max_len": 50, "window_step": 10, "window_targets": "new", "lr": 3e-3},
     # lr 3e-3 gives back ~40 % of `last`'s dropout-free lead: how much a longer step still can
-    "windows=10,shifting,dropout=0,lr=6e-3": {"max_len": 50, "window_step": 10, "window_targets": "shifting",
-                                              "dropout": 0.0, "attn_dropout": 0.0, "lr": 6e-3},
-    "windows=10,shifting,dropout=0,lr=1e-2": {"max_len": 50, "window_step": 10, "window_targets": "shifting",
-                                              "dropout": 0.0, "attn_dropout": 0.0, "lr": 1e-2},
+    "windows=10,shifting,dropout=0,lr=6e-3": {**SHIFTING_NO_DROPOUT, "lr": 6e-3},
+    "windows=10,shifting,dropout=0,lr=1e-2": {**SHIFTING_NO_DROPOUT, "lr": 1e-2},
     # the windows at about `last`'s steps an epoch (~660 of ~146 targets), 16 users a step where `last` has ~113
-    "windows=10,shifting,dropout=0,batch=16": {"max_len": 50, "window_step": 10, "window_targets": "shifting",
-                                               "dropout": 0.0, "attn_dropout": 0.0, "batch_size": 16},
+    "windows=10,shifting,dropout=0,batch=16": {**SHIFTING_NO_DROPOUT, "batch_size": 16},
     # ELASTIC's memory (`--model elastic`, which trains with `last`): Lample et al.'s remedies for queries that
     # crowd onto a few experts, against the paper's memory as read (the campaign's `elastic` study)
     "elastic": {"max_len": 50},
