@@ -118,6 +118,10 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "windows=10,shifting,dropout=0,lr=1e-2": {**SHIFTING_NO_DROPOUT, "lr": 1e-2},
     # the windows at about `last`'s steps an epoch (~660 of ~146 targets), 16 users a step where `last` has ~113
     "windows=10,shifting,dropout=0,batch=16": {**SHIFTING_NO_DROPOUT, "batch_size": 16},
+    # a long step early and a short one late: lr 3e-3, halved after every 3 epochs without a validation gain
+    "windows=10,new,lr=3e-3,decay=3": {"max_len": 50, "window_step": 10, "window_targets": "new", "lr": 3e-3,
+                                       "lr_decay_patience": 3},
+    "windows=10,shifting,dropout=0,lr=3e-3,decay=3": {**SHIFTING_NO_DROPOUT, "lr": 3e-3, "lr_decay_patience": 3},
     # ELASTIC's memory (`--model elastic`, which trains with `last`): Lample et al.'s remedies for queries that
     # crowd onto a few experts, against the paper's memory as read (the campaign's `elastic` study)
     "elastic": {"max_len": 50},

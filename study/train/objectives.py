@@ -114,8 +114,11 @@ def resolve_auto_settings(train: TrainConfig, objective: str, max_len: int, mode
     training step, the memory probe and the recorder's rows all resolve them here, so they agree."""
     window_step, window_targets = resolve_windows(objective, train.window_step, train.window_targets, max_len,
                                                   model_name)
-    return dataclasses.replace(train, window_step=window_step, window_targets=window_targets,
-                               patience=resolve_patience(objective, train.patience))
+    patience = resolve_patience(objective, train.patience)
+    if patience and train.lr_decay_patience >= patience:
+        raise ConfigError([("lr_decay_patience", f"{train.lr_decay_patience} never decays the learning rate: "
+                                                 f"training stops after {patience} epochs without a gain (patience)")])
+    return dataclasses.replace(train, window_step=window_step, window_targets=window_targets, patience=patience)
 
 
 def trains_on_histories(objective: str, window_step: int) -> bool:

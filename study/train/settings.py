@@ -87,6 +87,12 @@ class TrainConfig:
     weight_decay: float = setting(0.0, STEP_COST)
     # Adam's β₂ (β₁ stays torch's 0.9): torch's 0.999 by default; LISA's authors train with 0.98
     adam_beta2: float = setting(0.999, STEP_COST)
+    # Learning-rate decay on a validation plateau: after lr_decay_patience epochs in a row without a better
+    # selection_metric, the learning rate is multiplied by lr_decay_factor, and again after as many more (0 = a
+    # constant lr). Keyed on validation rather than on a step count because early stopping, not a fixed horizon,
+    # decides how long a trial trains; set it below `patience`, or training stops before the first decay.
+    lr_decay_patience: int = 0
+    lr_decay_factor: float = 0.5
     batch_size: int = 128
     max_epochs: int = setting(200, CONTINUES)
     # epochs without a better validation score (selection_metric) before stopping (0: never); None (`auto`) =
@@ -144,7 +150,8 @@ class TrainConfig:
         if self.sampled_test_negatives and self.eval_mode != "full":
             errors.append(("sampled_test_negatives", "adds sampled test metrics to full ranking; under eval_mode "
                            f"{self.eval_mode!r} the test metrics already are sampled (use num_negatives)"))
-        for key in ("prefixes_per_user", "window_step", "patience", "num_threads", "sampled_test_negatives"):
+        for key in ("prefixes_per_user", "window_step", "patience", "num_threads", "sampled_test_negatives",
+                    "lr_decay_patience"):
             if (getattr(self, key) or 0) < 0:
                 errors.append((key, f"must be >= 0, got {getattr(self, key)}"))
         if self.window_targets not in (None, *WINDOW_TARGETS):
@@ -153,6 +160,8 @@ class TrainConfig:
             errors.append(("adam_beta2", f"must be in [0, 1), got {self.adam_beta2}"))
         if self.lr <= 0:
             errors.append(("lr", f"must be > 0, got {self.lr}"))
+        if not 0.0 < self.lr_decay_factor <= 1.0:
+            errors.append(("lr_decay_factor", f"must be in (0, 1], got {self.lr_decay_factor}"))
         if self.selection_metric not in SELECTABLE_METRICS:
             errors.append(("selection_metric", f"must be one of {SELECTABLE_METRICS}, got {self.selection_metric!r}"))
         if self.precision not in PRECISIONS:

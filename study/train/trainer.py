@@ -405,7 +405,16 @@ class _Trial:
             best.extra = self.model.stats()  # of the validation pass: a test pass counts nothing (ELASTIC)
         else:
             best.epochs_without_gain += 1
+            self._decay_lr_on_plateau()
         return valid, ranks.numpy()
+
+    def _decay_lr_on_plateau(self) -> None:
+        """Every ``lr_decay_patience`` epochs without a gain, multiply the learning rate by ``lr_decay_factor``.
+        The rate lives in the optimizer's state, so a checkpointed trial resumes at the rate it had reached."""
+        every = self.train_cfg.lr_decay_patience
+        if every and self.best.epochs_without_gain % every == 0:
+            for group in self.step.optimizer.param_groups:
+                group["lr"] *= self.train_cfg.lr_decay_factor
 
     def _score(self, split_name: str, negatives: str | None = None) -> dict[str, float]:
         """Metrics on one split (``valid`` or ``test``) with the trial's evaluation protocol, or against the

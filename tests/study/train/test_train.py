@@ -236,6 +236,36 @@ def test_adam_beta2_reaches_the_optimizer_changes_the_steps_and_is_recorded(synt
             split_settings("sasrec", {"adam_beta2": bad})
 
 
+def test_the_learning_rate_decays_after_each_run_of_epochs_without_a_gain_and_travels_in_the_state(synthetic):
+    # a long step on a small model: validation stalls within a few epochs, so the decay is reached
+    settings = {**QUICK_NEWEST, "max_epochs": 8, "lr": 0.05, "patience": 0, "lr_decay_patience": 2,
+                "lr_decay_factor": 0.25, "hidden_size": 16, "num_layers": 1, "seed": 3}
+    reports, rates = [], []
+
+    def record(report) -> None:  # a snapshot reads the live optimizer: taken as the epoch ends
+        reports.append(report)
+        rates.append(report.snapshot().optimizer["param_groups"][0]["lr"])
+
+    row = run_trial("sasrec", synthetic, settings, callback=record)
+    expected, lr, without_gain = [], 0.05, 0
+    for report in reports:  # the rule, replayed from the epochs that did and did not beat the best so far
+        without_gain = 0 if report.best_epoch == report.epoch else without_gain + 1
+        if without_gain and without_gain % 2 == 0:
+            lr *= 0.25
+        expected.append(lr)
+    assert rates == pytest.approx(expected) and min(rates) < 0.05  # it did decay, at the epochs the rule says
+    assert row["config"]["lr_decay_patience"] == 2 and row["config"]["lr"] == 0.05  # the setting, not the rate reached
+
+    rates.clear()
+    run_trial("sasrec", synthetic, {**settings, "lr_decay_patience": 0}, callback=record)
+    assert set(rates) == {0.05}
+    with pytest.raises(ConfigError, match="lr_decay_patience: 10 never decays the learning rate"):
+        run_trial("sasrec", synthetic, {**QUICK, "lr_decay_patience": 10})  # the default patience is 10
+    for bad in (0.0, 1.5):
+        with pytest.raises(ConfigError, match=r"lr_decay_factor: must be in \(0, 1\]"):
+            split_settings("sasrec", {"lr_decay_factor": bad})
+
+
 def test_every_report_carries_the_best_epochs_model_statistics_and_so_does_a_resumed_one(synthetic):
     """ELASTIC's expert usage is counted on each epoch's validation pass; the reports carry both that epoch's and
     the best epoch's (which a sweep's row records), and a resumed state written before the best epoch's were
