@@ -1,8 +1,8 @@
 """How long SASRec takes to reach 0.9x the test NDCG@10 of SASRec trained on every prefix, by the windows it trains on.
 
     python -m benchmarks.time_to_quality --dataset ml-100k --source ../shared/datasets/ml-100k [--seeds 3]
-        [--threads 2] [--budget 1800] [--reference 0.0668] [--only newest history last last-no-dropout]
-        [--until-target]
+        [--threads 2] [--budget 1800] [--reference 0.0668]
+        [--only newest history history-decay last last-no-dropout] [--until-target]
 
 Ways to cut each user's training history, everything else at the trainer's and SASRec's defaults (``python
 -m study.train``'s ``run_trial``, the causal CE except where named):
@@ -11,6 +11,9 @@ Ways to cut each user's training history, everything else at the trainer's and S
   whole-history windows became the default;
 - ``history``: windows over the whole history, each training item a target once an epoch (the default,
   ``window_step`` max_len / 5 with ``window_targets: new``);
+- ``history-decay``: dropout-free windows over the whole history whose targets shift with the window
+  (``window_targets: shifting``), at lr 3e-3 halved after every 3 epochs without a validation gain
+  (``lr_decay_patience: 3``): the defaults search's ``windows=10,shifting,dropout=0,lr=3e-3,decay=3``;
 - ``last``: CE at the end of every prefix of the whole history (``objective: last``, RecBole's augmentation), one
   forward pass per training item;
 - ``last-no-dropout``: the same without dropout (hidden and attention), which stops improving after a few epochs.
@@ -37,11 +40,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.defaults_search import CANDIDATES
 from benchmarks.speed import load_text
 
 WAYS: dict[str, dict[str, Any]] = {
     "newest": {"window_step": 0},
     "history": {},  # today's defaults
+    "history-decay": CANDIDATES["windows=10,shifting,dropout=0,lr=3e-3,decay=3"],
     "last": {"objective": "last"},
     "last-no-dropout": {"objective": "last", "dropout": 0.0, "attn_dropout": 0.0},
 }
