@@ -16,6 +16,8 @@ before it loads pandas, torch or Ray.
     models/<id>/            each trial's best-validation model, on a local run (:mod:`study.train.state`)
     tune/                   Ray Tune's own experiment state (``--resume``), trial checkpoints, TensorBoard files
     tune/<trial>/checkpoint_NNNNNN/   a trial's checkpoints, named by Tune (at most ``checkpoint.keep``)
+    search_generator.pkl    Tune's trial generator as the study began: a resume falls back to it when a kill cut
+                            Tune's saved copy (:mod:`study.search.generator`)
     clock.json              the seconds of the study's time budget spent so far, over every session
     sweep.lock              held by the sweep writing the folder: host, process id, start time
     replicates/NNN/         one ``study.replicate`` batch: plan.json, trials/, tables
@@ -36,6 +38,7 @@ TRIALS_CSV_FILE = "trials.csv"
 HISTORY_FILE = "history.parquet"
 MODELS_DIR = "models"
 TUNE_DIR = "tune"
+GENERATOR_FILE = "search_generator.pkl"
 CHECKPOINT_PREFIX = "checkpoint_"
 CLOCK_FILE = "clock.json"
 LOCK_FILE = "sweep.lock"

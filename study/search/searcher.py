@@ -19,11 +19,10 @@ from typing import Any
 
 import optuna
 from optuna.trial import TrialState
-from ray.tune.search import ConcurrencyLimiter, Searcher, SearchGenerator
+from ray.tune.search import Searcher
 from ray.tune.search.optuna import OptunaSearch
 
-from study.layout import RECORDS_DIR
-from study.search.records import STATUS_OK, STUDY_TIME_BUDGET, lost_process, read_records
+from study.search.records import STATUS_OK, STUDY_TIME_BUDGET, lost_process
 from study.search.trial import tune_key
 from study.spec.resolved import Study
 
@@ -72,7 +71,8 @@ class StudySearch(OptunaSearch):
         self.relocate(here)
 
     def close_interrupted(self, resumed: set[str], records: dict[str, dict[str, Any]]) -> None:
-        """Match Optuna's RUNNING trials to what a resumed session will run (:meth:`StudySamples.restore_from_dir`).
+        """Match Optuna's RUNNING trials to what a resumed session will run
+        (:meth:`study.search.generator.StudySamples.restore_from_dir`).
 
         Tune saves its trials and this searcher at different moments, so after a kill either may be the newer:
 
@@ -168,93 +168,6 @@ class StudySearch(OptunaSearch):
         return self._ot_study._storage.get_trial(ot_trial._trial_id).state.is_finished()
 
 
-class StudySamples(SearchGenerator):
-    """Tune's generator of a study's trials, which a resumed study may give more samples or a new folder.
-
-    Tune restores the generator's state saved with the experiment, over what this session asked for:
-
-    * the sample count: a study resumed with a larger ``budget.num_samples`` keeps the larger;
-    * the experiment's storage, from which every new trial takes its folder: a study resumed after its folder moved
-      (another path, machine or working copy) would create its new trials under the old path, where their
-      checkpoints cannot be written. The new trials follow :attr:`storage_path` instead, as Tune moves the trials
-      it restores itself;
-    * the trials at once: a study started on one CPU and resumed on a cluster would still run one trial at a time.
-      The concurrency limiter takes :attr:`max_concurrent`, what this session's cluster fits, instead.
-
-    The restored tuner's generator gets all three before the run starts (:mod:`study.search.tuner`).
-
-    Tune saves its trials and this generator's state at different moments (and copies them to the study folder
-    one file after the other), so a study killed with SIGKILL may resume a generator newer or older than its
-    trials. :meth:`restore_from_dir` therefore counts again from what this session has: the trials Tune resumes and
-    the trials the driver recorded (:func:`restored_trials`). Otherwise a generator ahead of the trials ends the
-    study with samples never run, and a concurrency limiter behind them never tells Optuna a resumed trial's result.
-    """
-
-    def __init__(self, searcher: Any, num_samples: int):
-        super().__init__(searcher)
-        self.num_samples = num_samples
-        self.storage_path: str | None = None  # this session's study folder (set on a resume)
-        self.max_concurrent: int | None = None  # this session's trials at once (set on a resume)
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        super().set_state(state)
-        if self.num_samples > self._total_samples:
-            self._total_samples, self._finished = self.num_samples, False
-        storage = self._experiment.spec.get("storage") if self._experiment is not None else None
-        if self.storage_path and storage is not None and storage.storage_fs_path != self.storage_path:
-            moved = copy.copy(storage)
-            moved.storage_fs_path = self.storage_path
-            self._experiment.spec["storage"] = moved
-            self._experiment.storage = moved
-
-    def restore_from_dir(self, dirpath: str) -> None:
-        super().restore_from_dir(dirpath)
-        restored = restored_trials(dirpath)
-        records = read_records(Path(self.storage_path) / RECORDS_DIR) if self.storage_path else {}
-        started = {**{tid: record.get("config") or {} for tid, record in records.items()},
-                   **{tid: trial["config"] for tid, trial in restored.items()}}
-        # trials Tune runs again (errored ones too: the sweep resumes them), each taking a concurrency slot
-        live = {tid for tid, trial in restored.items() if trial["status"] != "TERMINATED"}
-        wrapper = self.searcher
-        while wrapper is not None:
-            if isinstance(wrapper, ConcurrencyLimiter):
-                wrapper.live_trials, wrapper.num_unfinished_live_trials = set(live), len(live)
-                wrapper.max_concurrent = self.max_concurrent or wrapper.max_concurrent
-            elif isinstance(wrapper, FixedPoints):
-                wrapper.resume_without(list(started.values()))
-            elif isinstance(wrapper, StudySearch):
-                wrapper.close_interrupted(live, records)
-            wrapper = getattr(wrapper, "searcher", None)
-        self._counter = len(started)
-        self._finished = self._counter >= self._total_samples
-
-
-def restored_trials(dirpath: str) -> dict[str, dict[str, Any]]:
-    """``{trial_id: {"status", "config"}}`` of the trials in the newest experiment state in ``dirpath``: what Tune
-    resumes.
-
-    Tune reads the same file (its ``experiment_state-<time>.json``, the newest by name) just before it restores its
-    search algorithm from that folder; each trial's saved state is a JSON text holding its id, status and config.
-    """
-    from ray.tune.execution.tune_controller import TuneController
-
-    states = sorted(Path(dirpath).glob(TuneController.CKPT_FILE_TMPL.format("*")))
-    if not states:
-        raise RuntimeError(f"no Tune experiment state in {dirpath}; cannot resume this study here")
-    restored = {}
-    for trial_state, _ in json.loads(states[-1].read_text())["trial_data"]:
-        trial = json.loads(trial_state)
-        restored[trial["trial_id"]] = {"status": trial["status"], "config": trial["config"]}
-    return restored
-
-
-def study_searcher(search: Any) -> StudySearch | None:
-    """The :class:`StudySearch` inside Tune's wrappers (generator, concurrency limiter), if any."""
-    while search is not None and not isinstance(search, StudySearch):
-        search = getattr(search, "searcher", None)
-    return search
-
-
 INTERRUPTED_NOTE = "orphaned by an interrupted session"
 BUDGET_NOTE = "stopped by the study's time budget: values of its best epoch so far"
 RECORDED_NOTE = "told from the driver's record: Optuna did not hear the trial end before the session stopped"
@@ -296,16 +209,7 @@ def make_sampler(study: Study) -> Any:
                                       n_ei_candidates=searcher.n_ei_candidates)
 
 
-def make_searcher(study: Study, storage_url: str, max_concurrent: int) -> StudySamples:
-    """Optuna over the study's search space, persisted in SQLite; the sampler follows ``study.searcher``.
-
-    At most ``max_concurrent`` trials at once, ``budget.num_samples`` in all (see :class:`StudySamples`).
-    """
-    search = _optuna_search(study, storage_url)
-    return StudySamples(ConcurrencyLimiter(search, max_concurrent=max_concurrent), study.budget.num_samples)
-
-
-def _optuna_search(study: Study, storage_url: str) -> StudySearch:
+def optuna_search(study: Study, storage_url: str) -> StudySearch:
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
     space = {}
@@ -399,7 +303,8 @@ class FixedPoints(Searcher):
     ``points_to_evaluate`` get a per-run prefix and a counter instead (``39e5d_00000``). Serving the points from a
     :class:`~ray.tune.search.Searcher` gives every command the same kind of trial id, through Tune's public API.
     Its state (the points, those not handed out yet) is saved with Tune's experiment; on a resume the points are
-    matched again to the trials the batch has (:meth:`StudySamples.restore_from_dir`), so each point starts once.
+    matched again to the trials the batch has (:meth:`study.search.generator.StudySamples.restore_from_dir`), so
+    each point starts once.
     """
 
     def __init__(self, points: list[dict[str, Any]]) -> None:
@@ -453,13 +358,6 @@ class FixedPoints(Searcher):
 def _point_key(config: dict[str, Any], point: dict[str, Any]) -> str:
     """A fixed point's values in ``config``, as comparable text (a trial's config holds every key of its point)."""
     return json.dumps({key: config.get(key) for key in point}, sort_keys=True, default=str)
-
-
-def fixed_points_search(points: list[dict[str, Any]], max_concurrent: int) -> StudySamples:
-    """The search algorithm of a fixed-points run: :class:`FixedPoints`, at most ``max_concurrent`` at once
-    (as many as the sweep runs); pass it as ``TuneConfig(search_alg=...)`` with ``num_samples=len(points)``."""
-    limited = ConcurrencyLimiter(FixedPoints(points), max_concurrent=max(1, int(max_concurrent)))
-    return StudySamples(limited, len(points))
 
 
 def points_space(points: list[dict[str, Any]]) -> dict[str, Any]:

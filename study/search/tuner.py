@@ -19,15 +19,9 @@ from study.layout import CHECKPOINT_PREFIX, TUNE_DIR
 from study.search.budget import StudyClock, StudyEstimate, fit_line
 from study.search.console import StatusReporter
 from study.search.data_parallel import data_parallel_trial
+from study.search.generator import StudySamples, fixed_points_search, make_searcher, study_searcher
 from study.search.recorder import SweepRecorder
-from study.search.searcher import (
-    StudySamples,
-    fixed_points_search,
-    make_scheduler,
-    make_searcher,
-    points_space,
-    study_searcher,
-)
+from study.search.searcher import make_scheduler, points_space
 from study.search.tracking import tracking_callbacks
 from study.search.trial import TrialPlan, sweep_trial, tune_key
 from study.spec.resolved import Study
@@ -127,10 +121,10 @@ def make_tuner(study: Study, out: Path, mirror: Mirror, trainable: Any, storage_
     recorder = SweepRecorder(str(out), row_context, mirror, clock)
     if points is None:
         # the study's time budget is the clock's (study.search.budget), not Tune's, which drops the trials it stops
-        search = dict(search_alg=make_searcher(study, storage_url, concurrency), scheduler=make_scheduler(study),
+        search = dict(search_alg=make_searcher(study, storage_url, concurrency, out), scheduler=make_scheduler(study),
                       num_samples=study.budget.num_samples)
     else:  # fixed points: as many at once as the sweep runs, each to its full budget (no ASHA, no time budget)
-        search = dict(search_alg=fixed_points_search(points, concurrency),
+        search = dict(search_alg=fixed_points_search(points, concurrency, out),
                       scheduler=FIFOScheduler(), num_samples=len(points))
     return tune.Tuner(
         trainable,

@@ -1,7 +1,7 @@
 """Fixed-point runs (study.replicate) get the sweep's kind of trial id, and a resumed run starts each point once.
 
 A real Tune run on a local Ray (2 CPUs, no dashboard) with a trainable that only reports its config: the trial ids
-come from Tune itself, through :func:`study.search.searcher.fixed_points_search`, as the sweep's come through its
+come from Tune itself, through :func:`study.search.generator.fixed_points_search`, as the sweep's come through its
 Optuna searcher.
 """
 
@@ -50,7 +50,8 @@ def _trainable(interrupt: Path | None = None) -> Any:
 def _tuner(path: Path, interrupt: Path | None = None) -> Any:
     from ray import tune
 
-    from study.search.searcher import fixed_points_search, points_space
+    from study.search.generator import fixed_points_search
+    from study.search.searcher import points_space
 
     # what runner._drive gives Tune for a fixed-points run, with this module's search algorithm
     return tune.Tuner(_trainable(interrupt), param_space=points_space(POINTS),

@@ -1,20 +1,22 @@
 """The driver's Optuna searcher across an interrupted session, without Ray trials: a grid study resumed after a
 stop runs every point exactly once, a trial trained again after losing its process reaches Optuna, and Tune's
-generator resumes what its trials left whichever of the two Tune saved last."""
+generator resumes what its trials left whichever of the two Tune saved last, or when a kill cut its saved files."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
-from ray.tune.experiment import Trial
+from ray.tune.experiment import Experiment, Trial
 from ray.tune.search import ConcurrencyLimiter
 
-from study.layout import RECORDS_DIR
+from study.layout import GENERATOR_FILE, RECORDS_DIR
+from study.search.generator import StudySamples
 from study.search.records import write_record
-from study.search.searcher import INTERRUPTED_NOTE, StudyGridSampler, StudySamples, StudySearch
+from study.search.searcher import INTERRUPTED_NOTE, StudyGridSampler, StudySearch
 
 SEEDS = [1, 2, 3, 4, 5]
 METRIC = "best_valid_ndcg@10"
@@ -185,3 +187,57 @@ def test_a_generator_saved_after_its_trials_runs_the_samples_tune_never_kept(tmp
               study.get_trials()}
     assert states == {"a": (TrialState.COMPLETE, 0.25, None), "b": (TrialState.COMPLETE, 0.5, None),
                       "c": (TrialState.FAIL, None, True), **{t: (TrialState.COMPLETE, 0.125, None) for t in "def"}}
+
+
+def _started_generator(storage_url: str, out: Path) -> StudySamples:
+    """A generator as Tune starts a study with it: ``add_configurations`` keeps its state as the study began."""
+    out.mkdir(parents=True, exist_ok=True)
+    generator = _generator(storage_url, out)
+    generator.add_configurations(Experiment("grid", run=lambda config: None, num_samples=len(SEEDS),
+                                            storage_path=str(out)))
+    return generator
+
+
+@pytest.mark.parametrize("damage", ["empty", "missing"])
+def test_a_generator_whose_saved_files_a_kill_cut_resumes_from_the_study_folder(tmp_path: Path, damage: str) -> None:
+    """Tune copies its generator and searcher files into the study folder one after the other, and a kill in the
+    copy leaves them empty, or not there yet. Tune then refused to resume ("Ran out of input"), or resumed without
+    a generator and ended the study after the trials it restored. The resume must still run every point once."""
+    storage_url, out, saved = f"sqlite:///{tmp_path / 'optuna.db'}", tmp_path / "out", tmp_path / "tune"
+    saved.mkdir()
+    first = _started_generator(storage_url, out)
+    seeds = {"a": _run(first, "a", 0.25)}
+    _record(out, "a", seeds["a"], 0.25)
+    seeds["b"] = first.searcher.suggest("b")["seed"]
+    first._counter += 1
+    first.save_to_dir(str(saved), session_str="first")
+    _save_tune_trials(saved, {"a": (Trial.TERMINATED, seeds["a"]), "b": (Trial.RUNNING, seeds["b"])})
+    searcher_files = sorted(saved.glob("search*"))
+    assert len(searcher_files) == 2  # the generator's state and the Optuna searcher's
+    for path in searcher_files:
+        path.write_bytes(b"") if damage == "empty" else path.unlink()
+
+    resumed = _generator(storage_url, out)
+    assert resumed.has_checkpoint(str(saved))  # else Tune would not restore it at all
+    resumed.restore_from_dir(str(saved))
+    assert (resumed.searcher.live_trials, resumed._counter, resumed.total_samples) == ({"b"}, 2, len(SEEDS))
+    assert resumed._experiment is not None and not resumed.is_finished()
+    resumed.on_trial_complete("b", {METRIC: 0.5})  # Tune trains "b" again; its result reaches Optuna
+    for trial_id in "cde":
+        seeds[trial_id] = _run(resumed, trial_id, 0.125)
+    assert sorted(seeds.values()) == SEEDS and resumed.is_finished()
+    study = resumed.searcher.searcher._ot_study
+    values = {t.user_attrs["tune_trial_id"]: (t.state, t.value) for t in study.get_trials()}
+    assert values == {"a": (TrialState.COMPLETE, 0.25), "b": (TrialState.COMPLETE, 0.5),
+                      **{t: (TrialState.COMPLETE, 0.125) for t in "cde"}}
+
+
+def test_a_generator_with_no_state_to_fall_back_on_refuses_to_resume(tmp_path: Path) -> None:
+    storage_url, out, saved = f"sqlite:///{tmp_path / 'optuna.db'}", tmp_path / "out", tmp_path / "tune"
+    saved.mkdir()
+    first = _started_generator(storage_url, out)
+    seeds = {"a": _run(first, "a", 0.25)}
+    _save_tune_trials(saved, {"a": (Trial.TERMINATED, seeds["a"])})
+    (out / GENERATOR_FILE).unlink()  # a study begun before the generator kept its start state, cut by a kill
+    with pytest.raises(RuntimeError, match=f"{GENERATOR_FILE}.*cannot resume this study"):
+        _generator(storage_url, out).restore_from_dir(str(saved))
