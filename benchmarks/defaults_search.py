@@ -32,6 +32,7 @@ import torch
 
 import models
 from benchmarks.speed import TARGET_NDCG, load_text, prepared_ml100k
+from study.environment import cpu_text
 from study.train.metrics import user_metric
 from study.train.trainer import EpochReport, TrialData, run_trial
 
@@ -278,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     data = TrialData.from_prepared(prepared, 200)
     torch.set_num_threads(args.threads)
     print(f"{args.model} on ml-100k: {len(data.train)} users, {data.num_items} items; budget {args.budget:.0f} s on "
-          f"{args.threads} threads; {load_text()}", flush=True)
+          f"{args.threads} threads; {cpu_text()}; {load_text()}", flush=True)
     rows = []
     for label in args.only or CANDIDATES:
         runs = []

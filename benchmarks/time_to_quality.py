@@ -42,6 +42,7 @@ from typing import Any
 
 from benchmarks.defaults_search import CANDIDATES
 from benchmarks.speed import load_text
+from study.environment import cpu_text
 
 WAYS: dict[str, dict[str, Any]] = {
     "newest": {"window_step": 0},
@@ -127,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     prepared = prepare(args.dataset, source=args.source, max_len=50, progress=False)
     ways = args.only or list(WAYS)
     print(f"{args.dataset}: target test NDCG@10 {target:.4f} (0.9 x {reference:.4f}); {args.threads} threads, "
-          f"at most {args.budget:.0f} s a run{', ended at the target' if args.until_target else ''}; {load_text()}",
-          flush=True)
+          f"at most {args.budget:.0f} s a run{', ended at the target' if args.until_target else ''}; {cpu_text()}; "
+          f"{load_text()}", flush=True)
     runs: dict[str, list[Progress]] = {way: [] for way in ways}
     stop_at = target if args.until_target else None
     for seed in range(1, args.seeds + 1):

@@ -1,8 +1,14 @@
 """``environment.json``: what a study ran on, so its numbers can be read in context.
 
 Versions (Python, torch, Ray, Optuna, numpy, pandas, pyarrow, triton), the code revision, the hardware
-(CPU model, cores this process may use, memory, GPUs with their memory and compute capability), the thread
-settings that change CPU timings, and the Ray cluster's resources when a sweep runs on Ray.
+(CPU model and the instruction set torch's CPU kernels run, cores this process may use, memory, GPUs with their
+memory and compute capability), the environment settings that change CPU timings or arithmetic, and the Ray
+cluster's resources when a sweep runs on Ray.
+
+The CPU kernels are recorded because they change results, not only speed: torch picks AVX2 or AVX-512 code for its
+matrix products and elementwise maths, which round differently, and training can carry a last-bit difference
+into another trajectory. A seeded run repeats to the last digit under the same kernels; under others it may
+repeat only in distribution (over seeds).
 """
 
 from __future__ import annotations
@@ -18,7 +24,10 @@ from pathlib import Path
 from typing import Any
 
 PACKAGES = ("torch", "ray", "optuna", "numpy", "pandas", "pyarrow", "triton", "pyyaml", "scipy")
-THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "CUDA_VISIBLE_DEVICES", "RAY_ADDRESS")
+# ATEN_CPU_CAPABILITY caps the CPU kernels torch dispatches to (``avx2`` on an AVX-512 machine), so that a run can
+# repeat one made elsewhere
+RUN_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "ATEN_CPU_CAPABILITY", "CUDA_VISIBLE_DEVICES",
+           "RAY_ADDRESS")
 
 
 def _version(package: str) -> str | None:
@@ -37,6 +46,19 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def cpu_kernels() -> str:
+    """The instruction set torch's CPU kernels run here (``AVX2``, ``AVX512``, ``DEFAULT`` ...): see the module
+    docstring for why results depend on it."""
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability()
+
+
+def cpu_text() -> str:
+    """The CPU in one phrase for a benchmark's header line: its model and the kernels torch runs on it."""
+    return f"{_cpu_model()}, torch CPU kernels {cpu_kernels()}"
 
 
 def _memory_gib() -> float | None:
@@ -97,11 +119,12 @@ def collect(ray_resources: dict[str, float] | None = None) -> dict[str, Any]:
         "hardware": {
             "accelerator": "gpu" if gpus else "cpu",
             "cpu_model": _cpu_model(),
+            "cpu_kernels": cpu_kernels(),
             "cpus_usable": cpus,
             "cpus_total": os.cpu_count(),
             "memory_gib": _memory_gib(),
             "gpus": gpus,
         },
-        "env": {name: os.environ[name] for name in THREAD_ENV if name in os.environ},
+        "env": {name: os.environ[name] for name in RUN_ENV if name in os.environ},
         "ray_cluster": dict(ray_resources) if ray_resources is not None else None,
     }

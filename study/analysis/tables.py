@@ -236,7 +236,14 @@ def sessions_of(env: dict[str, Any]) -> list[dict[str, Any]]:
 def _machine(env: dict[str, Any]) -> str:
     hardware = env.get("hardware", {})
     gpus = ", ".join(g.get("name", "?") for g in hardware.get("gpus", []) or [])
-    return f"{hardware.get('accelerator', 'unknown')} ({gpus or hardware.get('cpu_model') or '?'})"
+    return f"{hardware.get('accelerator', 'unknown')} ({gpus or _cpu(hardware) or '?'})"
+
+
+def _cpu(hardware: dict[str, Any]) -> str | None:
+    """The CPU model and the kernels torch ran on it (:mod:`study.environment`: they change a seed's results);
+    environments recorded before the kernels were have the model alone."""
+    model, kernels = hardware.get("cpu_model"), hardware.get("cpu_kernels")
+    return f"{model or '?'}, {kernels}" if kernels else model
 
 
 def environment_table(studies: list[StudyResults], runs: pd.DataFrame) -> pd.DataFrame:
@@ -252,7 +259,7 @@ def environment_table(studies: list[StudyResults], runs: pd.DataFrame) -> pd.Dat
         code = env.get("code", {})
         sessions = sessions_of(env)
         rows.append({"study": name, "runs": part, "accelerator": hardware.get("accelerator", "unknown"),
-                     "devices": devices, "cpu": hardware.get("cpu_model"), "cpus": hardware.get("cpus_usable"),
+                     "devices": devices, "cpu": _cpu(hardware), "cpus": hardware.get("cpus_usable"),
                      "memory_gib": hardware.get("memory_gib"), "gpus": gpus or "none",
                      "torch": packages.get("torch"), "ray": packages.get("ray"), "optuna": packages.get("optuna"),
                      "commit": (str(code.get("commit") or "")[:10] + ("+dirty" if code.get("dirty") else "")) or None,
