@@ -104,6 +104,19 @@ def _run(generator: StudySamples, trial_id: str, value: float) -> int:
     return seed
 
 
+def _run_the_rest_after_b(resumed: StudySamples, seeds: dict[str, int]) -> None:
+    """After a resume of a study in which "a" finished and "b" ran: Tune trains "b" again and the generator gives
+    the rest; every point runs once and every result reaches Optuna."""
+    resumed.on_trial_complete("b", {METRIC: 0.5})
+    for trial_id in "cde":
+        seeds[trial_id] = _run(resumed, trial_id, 0.125)
+    assert sorted(seeds.values()) == SEEDS and resumed.is_finished()
+    study = resumed.searcher.searcher._ot_study
+    values = {t.user_attrs["tune_trial_id"]: (t.state, t.value) for t in study.get_trials()}
+    assert values == {"a": (TrialState.COMPLETE, 0.25), "b": (TrialState.COMPLETE, 0.5),
+                      **{t: (TrialState.COMPLETE, 0.125) for t in "cde"}}
+
+
 def test_a_generator_saved_before_its_trials_tells_optuna_the_resumed_trial(tmp_path: Path) -> None:
     """The kill came after Tune saved its trials but before it saved the generator (its files are written one
     after the other): the generator's concurrency slot is still held by the finished trial, so the resumed trial's
@@ -123,14 +136,7 @@ def test_a_generator_saved_before_its_trials_tells_optuna_the_resumed_trial(tmp_
     resumed.restore_from_dir(str(saved))
     limiter = resumed.searcher
     assert (limiter.live_trials, resumed._counter, resumed.is_finished()) == ({"b"}, 2, False)
-    resumed.on_trial_complete("b", {METRIC: 0.5})  # Tune trains "b" again; its result reaches Optuna
-    for trial_id in "cde":
-        seeds[trial_id] = _run(resumed, trial_id, 0.125)
-    assert sorted(seeds.values()) == SEEDS and resumed.is_finished()
-    study = resumed.searcher.searcher._ot_study
-    values = {t.user_attrs["tune_trial_id"]: (t.state, t.value) for t in study.get_trials()}
-    assert values == {"a": (TrialState.COMPLETE, 0.25), "b": (TrialState.COMPLETE, 0.5),
-                      **{t: (TrialState.COMPLETE, 0.125) for t in "cde"}}
+    _run_the_rest_after_b(resumed, seeds)
 
 
 def test_a_study_resumed_where_more_trials_fit_runs_that_many_at_once(tmp_path: Path) -> None:
@@ -222,14 +228,7 @@ def test_a_generator_whose_saved_files_a_kill_cut_resumes_from_the_study_folder(
     resumed.restore_from_dir(str(saved))
     assert (resumed.searcher.live_trials, resumed._counter, resumed.total_samples) == ({"b"}, 2, len(SEEDS))
     assert resumed._experiment is not None and not resumed.is_finished()
-    resumed.on_trial_complete("b", {METRIC: 0.5})  # Tune trains "b" again; its result reaches Optuna
-    for trial_id in "cde":
-        seeds[trial_id] = _run(resumed, trial_id, 0.125)
-    assert sorted(seeds.values()) == SEEDS and resumed.is_finished()
-    study = resumed.searcher.searcher._ot_study
-    values = {t.user_attrs["tune_trial_id"]: (t.state, t.value) for t in study.get_trials()}
-    assert values == {"a": (TrialState.COMPLETE, 0.25), "b": (TrialState.COMPLETE, 0.5),
-                      **{t: (TrialState.COMPLETE, 0.125) for t in "cde"}}
+    _run_the_rest_after_b(resumed, seeds)
 
 
 def test_a_generator_with_no_state_to_fall_back_on_refuses_to_resume(tmp_path: Path) -> None:
