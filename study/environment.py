@@ -6,8 +6,8 @@ memory and compute capability), the environment settings that change CPU timings
 cluster's resources when a sweep runs on Ray.
 
 The CPU kernels are recorded because they change results, not only speed: torch picks AVX2 or AVX-512 code for its
-matrix products and elementwise maths, which round differently, and training can carry a last-bit difference
-into another trajectory. A seeded run repeats to the last digit under the same kernels; under others it may
+own elementwise maths, softmax and reductions, which round differently, and training can carry a last-bit
+difference into another trajectory. A seeded run repeats to the last digit under the same kernels; under others it may
 repeat only in distribution (over seeds).
 """
 
