@@ -7,12 +7,13 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 
 from study.environment import collect, cpu_text
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_environment_records_the_cpu_kernels_torch_runs() -> None:
