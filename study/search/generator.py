@@ -76,8 +76,9 @@ class StudySamples(SearchGenerator):
             self._experiment.storage = moved
 
     def has_checkpoint(self, dirpath: str) -> bool:
-        # a resume always restores the generator, even when a kill cut its files: restore_from_dir falls back
-        return bool(_experiment_states(dirpath)) or super().has_checkpoint(dirpath)
+        # a resume always restores the generator, even when a kill cut its files: restore_from_dir falls back.
+        # Tune resumes nothing without an experiment state, and Tune's own check would unpickle a cut file.
+        return bool(_experiment_states(dirpath))
 
     def restore_from_dir(self, dirpath: str) -> None:
         found, state = _load_newest(dirpath, self.CKPT_FILE_TMPL, lambda path: cloudpickle.loads(path.read_bytes()))
