@@ -123,6 +123,10 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "windows=10,new,lr=3e-3,decay=3": {"max_len": 50, "window_step": 10, "window_targets": "new", "lr": 3e-3,
                                        "lr_decay_patience": 3},
     "windows=10,shifting,dropout=0,lr=3e-3,decay=3": {**SHIFTING_NO_DROPOUT, "lr": 3e-3, "lr_decay_patience": 3},
+    # longer steps that begin small: lr 6e-3 and 1e-2 lost without a warm-up (dropout 0); here at SASRec's dropout
+    # 0.5, warmed up over the first 110 steps (two epochs of the windows on ml-100k) and decayed as above
+    "windows=10,new,lr=6e-3,warmup=110,decay=3": {"max_len": 50, "window_step": 10, "window_targets": "new",
+                                                  "lr": 6e-3, "lr_warmup_steps": 110, "lr_decay_patience": 3},
     # ELASTIC's memory (`--model elastic`, which trains with `last`): Lample et al.'s remedies for queries that
     # crowd onto a few experts, against the paper's memory as read (the campaign's `elastic` study)
     "elastic": {"max_len": 50},

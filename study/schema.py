@@ -19,7 +19,8 @@ from typing import Any
 
 # 2: records carry `schema`; 3: `cloze_window_step` became `window_step`, for every objective. Every key ADDED at a
 # schema is in every record of that schema or later. 4: `sampled_test_negatives`. 5: the learning-rate decay.
-SCHEMA = 5
+# 6: the learning-rate warm-up.
+SCHEMA = 6
 SCHEMA_KEY = "schema"
 UNSTAMPED = 1  # the schema of a record that carries none
 
@@ -48,6 +49,7 @@ ADDED = (
     Added(4, "sampled_test_negatives", 0),  # full-ranking test metrics only
     Added(5, "lr_decay_patience", 0),  # a constant learning rate
     Added(5, "lr_decay_factor", 0.5),  # read only when lr_decay_patience is set
+    Added(6, "lr_warmup_steps", 0),  # the full rate from the first step
 )
 # an old key -> today's key, applied before ADDED (whose keys are today's)
 RENAMED: dict[str, str] = {"cloze_window_step": "window_step"}

@@ -93,6 +93,11 @@ class TrainConfig:
     # decides how long a trial trains; set it below `patience`, or training stops before the first decay.
     lr_decay_patience: int = 0
     lr_decay_factor: float = 0.5
+    # Linear warm-up: optimizer step n (from 1) of a trial takes lr × n / lr_warmup_steps until n reaches it, so that
+    # a long step does not start while Adam's moment estimates rest on a few batches (0 = none). Counted in steps,
+    # as Adam counts them, so a resumed trial goes on warming up where it stopped. It scales the rate in force: a
+    # plateau decay during the warm-up lowers the rate it climbs to
+    lr_warmup_steps: int = 0
     batch_size: int = 128
     max_epochs: int = setting(200, CONTINUES)
     # epochs without a better validation score (selection_metric) before stopping (0: never); None (`auto`) =
@@ -151,7 +156,7 @@ class TrainConfig:
             errors.append(("sampled_test_negatives", "adds sampled test metrics to full ranking; under eval_mode "
                            f"{self.eval_mode!r} the test metrics already are sampled (use num_negatives)"))
         for key in ("prefixes_per_user", "window_step", "patience", "num_threads", "sampled_test_negatives",
-                    "lr_decay_patience"):
+                    "lr_decay_patience", "lr_warmup_steps"):
             if (getattr(self, key) or 0) < 0:
                 errors.append((key, f"must be >= 0, got {getattr(self, key)}"))
         if self.window_targets not in (None, *WINDOW_TARGETS):

@@ -1,4 +1,4 @@
-"""The one training step: forward, loss, finiteness check, backward, gradient clipping, Adam.
+"""The one training step: forward, loss, finiteness check, backward, gradient clipping, Adam at a warmed-up rate.
 
 The trainer's loop, the peak-memory probe (:mod:`study.train.efficiency`) and the scaling study's cells all call
 :class:`TrainStep`, so the step whose memory and time are measured is the step that trains.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -24,8 +25,8 @@ class NonFiniteLoss(FloatingPointError):
 
 
 class TrainStep:
-    """One optimisation step of ``model`` under ``train`` (objective, lr, Adam's β₂, weight decay, grad clip, mask
-    rate).
+    """One optimisation step of ``model`` under ``train`` (objective, lr and its warm-up, Adam's β₂, weight decay,
+    grad clip, mask rate).
 
     Calling it with a (B, L + 1) batch of windows returns the step's loss as a detached tensor; the caller decides
     when to synchronise with ``.item()`` (once per step in the trainer, never inside the timed scaling cells).
@@ -101,13 +102,41 @@ class TrainStep:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
         if self.train.grad_clip:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train.grad_clip)
-        if self.scaler is None:
-            self.optimizer.step()
-        else:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
+        with _scaled_lr(self.optimizer, self._warmup_scale()):
+            if self.scaler is None:
+                self.optimizer.step()
+            else:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
         loss = loss.detach().float()
         return loss.clone() if self.cuda_graphs else loss
+
+    def _warmup_scale(self) -> float:
+        """The fraction of the rate in force that this step takes under ``lr_warmup_steps`` (1 after the warm-up).
+        The steps taken are Adam's own count, which a training state carries, so a resumed trial warms up where it
+        stopped; a step that fp16's scaler skips is not counted."""
+        warmup = self.train.lr_warmup_steps
+        if not warmup:
+            return 1.0
+        taken = max((int(state["step"]) for state in self.optimizer.state.values() if "step" in state), default=0)
+        return min(1.0, (taken + 1) / warmup)
+
+
+@contextlib.contextmanager
+def _scaled_lr(optimizer: torch.optim.Optimizer, scale: float) -> Iterator[None]:
+    """The optimizer's rates times ``scale`` inside the block, the rates in force again after: the warm-up never
+    writes its fraction into the rate that a plateau decay scales and a training state saves."""
+    if scale == 1.0:
+        yield
+        return
+    in_force = [group["lr"] for group in optimizer.param_groups]
+    for group, lr in zip(optimizer.param_groups, in_force, strict=True):
+        group["lr"] = lr * scale
+    try:
+        yield
+    finally:
+        for group, lr in zip(optimizer.param_groups, in_force, strict=True):
+            group["lr"] = lr
 
 
 def build_step(model_name: str, model_hparams: dict, train_settings: dict, device: torch.device) -> TrainStep:

@@ -50,7 +50,8 @@ def test_a_renamed_key_reads_as_todays_and_study_files_name_the_new_one() -> Non
     assert upgrade_settings("bert4rec", {"cloze_window_step": 5}, 2) == {"window_step": 5, "window_targets": "all",
                                                                          "sampled_test_negatives": 0,
                                                                          "lr_decay_patience": 0,
-                                                                         "lr_decay_factor": 0.5}
+                                                                         "lr_decay_factor": 0.5,
+                                                                         "lr_warmup_steps": 0}
     with pytest.raises(ConfigError, match="renamed to window_step"):
         split_settings("bert4rec", {"cloze_window_step": 5})
     with pytest.raises(ValueError, match="scope"):
@@ -73,7 +74,7 @@ def test_a_state_from_before_a_setting_continues_only_where_it_trained_the_same(
 
 def test_rows_of_an_earlier_schema_compare_with_todays() -> None:
     today = {"lr": 0.001, "window_step": 0, "window_targets": "all", "output_bias": False, "adam_beta2": 0.999,
-             "sampled_test_negatives": 0, "lr_decay_patience": 0, "lr_decay_factor": 0.5}
+             "sampled_test_negatives": 0, "lr_decay_patience": 0, "lr_decay_factor": 0.5, "lr_warmup_steps": 0}
     rows = pd.DataFrame({"model": ["bert4rec", "bert4rec"], SCHEMA_KEY: [None, SCHEMA],
                          "config": [json.dumps({"lr": 0.001}), json.dumps(today, sort_keys=True)]})
     upgraded = upgrade_rows(rows)
