@@ -2,7 +2,7 @@
 
     python -m benchmarks.time_to_quality --dataset ml-100k --source ../shared/datasets/ml-100k [--seeds 3]
         [--threads 2] [--budget 1800] [--reference 0.0668]
-        [--only newest history history-decay last last-no-dropout] [--until-target]
+        [--only newest history history-decay history-warmup last last-no-dropout] [--until-target]
 
 Ways to cut each user's training history, everything else at the trainer's and SASRec's defaults (``python
 -m study.train``'s ``run_trial``, the causal CE except where named):
@@ -14,6 +14,9 @@ Ways to cut each user's training history, everything else at the trainer's and S
 - ``history-decay``: dropout-free windows over the whole history whose targets shift with the window
   (``window_targets: shifting``), at lr 3e-3 halved after every 3 epochs without a validation gain
   (``lr_decay_patience: 3``): the defaults search's ``windows=10,shifting,dropout=0,lr=3e-3,decay=3``;
+- ``history-warmup``: the default windows at SASRec's dropout, at lr 6e-3 warmed up over the first 110 steps
+  (``lr_warmup_steps``) and decayed as ``history-decay``: the defaults search's
+  ``windows=10,new,lr=6e-3,warmup=110,decay=3``;
 - ``last``: CE at the end of every prefix of the whole history (``objective: last``, RecBole's augmentation), one
   forward pass per training item;
 - ``last-no-dropout``: the same without dropout (hidden and attention), which stops improving after a few epochs.
@@ -48,6 +51,7 @@ WAYS: dict[str, dict[str, Any]] = {
     "newest": {"window_step": 0},
     "history": {},  # today's defaults
     "history-decay": CANDIDATES["windows=10,shifting,dropout=0,lr=3e-3,decay=3"],
+    "history-warmup": CANDIDATES["windows=10,new,lr=6e-3,warmup=110,decay=3"],
     "last": {"objective": "last"},
     "last-no-dropout": {"objective": "last", "dropout": 0.0, "attn_dropout": 0.0},
 }

@@ -25,6 +25,7 @@ def test_the_clock_stops_at_the_first_epoch_that_reaches_the_target() -> None:
     assert progress.reached(0.06) == 20.0 and progress.reached(0.08) is None
     assert WAYS["newest"] == {"window_step": 0} and WAYS["last"] == {"objective": "last"}
     assert WAYS["history-decay"]["lr_decay_patience"] == 3 and WAYS["history-decay"]["window_targets"] == "shifting"
+    assert WAYS["history-warmup"]["lr_warmup_steps"] == 110 and WAYS["history-warmup"]["window_targets"] == "new"
 
 
 def test_until_target_ends_the_run_at_the_epoch_that_reaches_it() -> None:
