@@ -4,7 +4,9 @@
         [--threads 2] [--seeds 1] [--first-seed 0] [--only CANDIDATE ...]
 
 Each candidate is the trainer's and ``--model``'s defaults (SASRec by default) with a few keys changed
-(``CANDIDATES``; the window candidates apply to every model, which is how a family's windows are chosen). It trains with
+(``CANDIDATES``; the window candidates apply to every model, which is how a family's windows are chosen), at the
+constant learning rate (``CONSTANT_SCHEDULE``) unless it names a schedule: the search chooses a family's schedule,
+so its candidates do not start from one it chose. It trains with
 ``run_trial`` (the code ``python -m study.train`` runs) on ``--threads`` threads, one candidate after the other,
 for ``--budget`` seconds of wall time (the epoch that crosses the budget is run but not counted). The table gives,
 per candidate (the median over ``--seeds`` seeds): the epochs that fit, the best **validation** NDCG@10 within the
@@ -34,6 +36,7 @@ import models
 from benchmarks.speed import TARGET_NDCG, load_text, prepared_ml100k
 from study.environment import cpu_text
 from study.train.metrics import user_metric
+from study.train.objectives import CONSTANT_SCHEDULE
 from study.train.trainer import EpochReport, TrialData, run_trial
 
 # The search that chose SASRec's 50-item window: every candidate that does not name a window uses the 200 items
@@ -220,7 +223,7 @@ def train(prepared: Path, overrides: dict[str, Any], threads: int, budget: float
     run = Run(name=name)
     data = TrialData.from_prepared(prepared, overrides["max_len"])  # windows cut to the candidate's length
     run_trial(model, data, {"num_threads": threads, "time_budget_s": budget, "measure_efficiency": False,
-                               "seed": seed, **overrides}, callback=run)
+                               "seed": seed, **CONSTANT_SCHEDULE, **overrides}, callback=run)
     return run
 
 

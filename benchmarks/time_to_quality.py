@@ -5,18 +5,19 @@
         [--only newest history history-decay history-warmup last last-no-dropout] [--until-target]
 
 Ways to cut each user's training history, everything else at the trainer's and SASRec's defaults (``python
--m study.train``'s ``run_trial``, the causal CE except where named):
+-m study.train``'s ``run_trial``, the causal CE except where named) but the learning rate, a constant 1e-3 unless a
+way names a schedule (``CONSTANT_SCHEDULE``, the trainer's default before SASRec's windows took one of their own):
 
 - ``newest``: each user's newest window only (``window_step: 0``), what every causal model trained on before
   whole-history windows became the default;
-- ``history``: windows over the whole history, each training item a target once an epoch (the default,
-  ``window_step`` max_len / 5 with ``window_targets: new``);
+- ``history``: windows over the whole history, each training item a target once an epoch (the default windows,
+  ``window_step`` max_len / 5 with ``window_targets: new``), at the constant rate;
 - ``history-decay``: dropout-free windows over the whole history whose targets shift with the window
   (``window_targets: shifting``), at lr 3e-3 halved after every 3 epochs without a validation gain
   (``lr_decay_patience: 3``): the defaults search's ``windows=10,shifting,dropout=0,lr=3e-3,decay=3``;
 - ``history-warmup``: the default windows at SASRec's dropout, at lr 6e-3 warmed up over the first 110 steps
   (``lr_warmup_steps``) and decayed as ``history-decay``: the defaults search's
-  ``windows=10,new,lr=6e-3,warmup=110,decay=3``;
+  ``windows=10,new,lr=6e-3,warmup=110,decay=3``, SASRec's default on these windows;
 - ``last``: CE at the end of every prefix of the whole history (``objective: last``, RecBole's augmentation), one
   forward pass per training item;
 - ``last-no-dropout``: the same without dropout (hidden and attention), which stops improving after a few epochs.
@@ -46,10 +47,11 @@ from typing import Any
 from benchmarks.defaults_search import CANDIDATES
 from benchmarks.speed import load_text
 from study.environment import cpu_text
+from study.train.objectives import CONSTANT_SCHEDULE
 
 WAYS: dict[str, dict[str, Any]] = {
     "newest": {"window_step": 0},
-    "history": {},  # today's defaults
+    "history": {},  # the default windows, at the constant rate
     "history-decay": CANDIDATES["windows=10,shifting,dropout=0,lr=3e-3,decay=3"],
     "history-warmup": CANDIDATES["windows=10,new,lr=6e-3,warmup=110,decay=3"],
     "last": {"objective": "last"},
@@ -90,12 +92,17 @@ def campaign_reference(dataset: str) -> float:
     return float(rows.loc[rows["status"] == "ok", "test_ndcg@10"].mean())
 
 
+def settings_of(way: str) -> dict[str, Any]:
+    """The settings ``way`` trains with over the defaults: its own, at the constant rate unless it names a rate."""
+    return {**CONSTANT_SCHEDULE, **WAYS[way]}
+
+
 def train(prepared: Path, way: str, seed: int, threads: int, budget: float, stop_at: float | None) -> Progress:
     from study.train.trainer import TrialData, run_trial
 
     progress = Progress(stop_at=stop_at)
     data = TrialData.from_prepared(prepared, 50)  # SASRec's default window
-    settings = {**WAYS[way], "seed": seed, "num_threads": threads, "time_budget_s": budget,
+    settings = {**settings_of(way), "seed": seed, "num_threads": threads, "time_budget_s": budget,
                 "measure_efficiency": False}
     try:
         run_trial("sasrec", data, settings, callback=progress)

@@ -151,6 +151,17 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
 
+@dataclass(frozen=True)
+class TrainingSchedule:
+    """A learning-rate schedule a model family's default training was validated with (see
+    :attr:`SeqRecModel.history_schedule`). Each field is the trainer setting of the same name: the rate, the steps
+    of its linear warm-up, and the epochs without a validation gain after which it is halved (0 = none)."""
+
+    lr: float
+    lr_warmup_steps: int = 0
+    lr_decay_patience: int = 0
+
+
 class SeqRecModel(nn.Module):
     """Base class: subclasses set ``config_class``, build layers, and implement :meth:`forward`."""
 
@@ -167,6 +178,11 @@ class SeqRecModel(nn.Module):
     # them once its validation improved with them (benchmarks/defaults_search.py), and keeps the newest window
     # until then.
     whole_history_windows: ClassVar[bool] = False
+    # The schedule that the trainer's `auto` lr, lr_warmup_steps and lr_decay_patience take when this model trains
+    # its default objective on whole-history windows (study.train.objectives.resolve_schedule); under any other
+    # objective or window, or without one, they take the trainer's constant rate. A family gets one once its
+    # validation improved with it on those windows (benchmarks/defaults_search.py).
+    history_schedule: ClassVar[TrainingSchedule | None] = None
 
     def __init__(self, config: ModelConfig):
         super().__init__()

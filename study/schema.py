@@ -19,8 +19,9 @@ from typing import Any
 
 # 2: records carry `schema`; 3: `cloze_window_step` became `window_step`, for every objective. Every key ADDED at a
 # schema is in every record of that schema or later. 4: `sampled_test_negatives`. 5: the learning-rate decay.
-# 6: the learning-rate warm-up.
-SCHEMA = 6
+# 6: the learning-rate warm-up. 7: the learning-rate schedule became `auto` (a family's validated one on its default
+# windows), so a record that lacks one of its keys ran with the constant rate that was every trial's before.
+SCHEMA = 7
 SCHEMA_KEY = "schema"
 UNSTAMPED = 1  # the schema of a record that carries none
 
@@ -50,6 +51,10 @@ ADDED = (
     Added(5, "lr_decay_patience", 0),  # a constant learning rate
     Added(5, "lr_decay_factor", 0.5),  # read only when lr_decay_patience is set
     Added(6, "lr_warmup_steps", 0),  # the full rate from the first step
+    # the constant 1e-3 that was the trainer's default before SASRec's windows took a schedule of their own
+    Added(7, "lr", 1e-3),
+    Added(7, "lr_warmup_steps", 0),
+    Added(7, "lr_decay_patience", 0),
 )
 # an old key -> today's key, applied before ADDED (whose keys are today's)
 RENAMED: dict[str, str] = {"cloze_window_step": "window_step"}

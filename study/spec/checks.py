@@ -51,7 +51,7 @@ def check_combinations(study: Study, errors: ConfigErrors) -> None:
     The model declares its own constraints (heads divide hidden size, ELASTIC's K square ...), so this stays
     generic over the registry. ``num_items`` (and ``num_users``) are placeholders: the trainer sizes them from the data.
     """
-    from study.train.objectives import resolve_objective, resolve_windows
+    from study.train.objectives import resolve_auto_settings, resolve_objective
 
     points, study.exhaustive_check = _points(study)
     study.checked_points = len(points)
@@ -88,7 +88,7 @@ def check_combinations(study: Study, errors: ConfigErrors) -> None:
             continue
         max_len = hparams.get("max_len", models.model_class(study.model).config_class.max_len)
         try:
-            resolve_windows(objective, train_cfg.window_step, train_cfg.window_targets, max_len, study.model)
+            resolve_auto_settings(train_cfg, objective, max_len, study.model)
         except ConfigError as error:
             for key, message in error.errors:
                 failures.setdefault((_home(study, key), message), []).append(point)

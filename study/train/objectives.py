@@ -37,7 +37,7 @@ import torch.nn.functional as F
 import models
 from models import ConfigError, SeqRecModel
 from study.train.padding import hidden_by_length, last_hidden_by_length, length_groups, padding_columns, trim_padding
-from study.train.settings import SCORED_ONCE, TrainConfig, resolve_patience
+from study.train.settings import LR, SCORED_ONCE, TrainConfig, resolve_patience
 
 # objectives that score every position of a window, so they need a causal model
 CAUSAL_OBJECTIVES = ("causal", "sampled_ce")
@@ -108,17 +108,40 @@ def resolve_windows(objective: str, window_step: int | None, window_targets: str
     return window_step, window_targets or ("all" if objective == "cloze" else "new")
 
 
+SCHEDULE_KEYS = ("lr", "lr_warmup_steps", "lr_decay_patience")
+CONSTANT_SCHEDULE = {"lr": LR, "lr_warmup_steps": 0, "lr_decay_patience": 0}
+
+
+def resolve_schedule(objective: str, window_step: int, model_name: str) -> dict[str, float | int]:
+    """The learning-rate schedule that the `auto` ones among :data:`SCHEDULE_KEYS` take, for a trial of
+    ``model_name`` with ``objective`` and ``window_step`` (both resolved): the family's validated schedule
+    (``SeqRecModel.history_schedule``) where it trains its default objective on whole-history windows, the setting
+    it was validated in; anywhere else :data:`CONSTANT_SCHEDULE`, since a longer step validated on one objective's
+    windows says nothing of another's or of the newest window's."""
+    family = models.model_class(model_name)
+    if family.history_schedule is not None and objective == family.default_objective and window_step > 0:
+        return dataclasses.asdict(family.history_schedule)
+    return dict(CONSTANT_SCHEDULE)
+
+
 def resolve_auto_settings(train: TrainConfig, objective: str, max_len: int, model_name: str) -> TrainConfig:
     """``train`` with its objective-dependent `auto` settings resolved for ``objective`` (already resolved): the
-    windows (:func:`resolve_windows`) and the patience (:func:`~study.train.settings.resolve_patience`). The
-    training step, the memory probe and the recorder's rows all resolve them here, so they agree."""
+    windows (:func:`resolve_windows`), the patience (:func:`~study.train.settings.resolve_patience`) and the
+    learning-rate schedule (:func:`resolve_schedule`). The training step, the memory probe and the recorder's rows
+    all resolve them here, so they agree. A decay set at or past the patience is refused (training would stop
+    before it); an `auto` one is then 0, which is what would run."""
     window_step, window_targets = resolve_windows(objective, train.window_step, train.window_targets, max_len,
                                                   model_name)
     patience = resolve_patience(objective, train.patience)
-    if patience and train.lr_decay_patience >= patience:
+    schedule = {key: getattr(train, key) for key in SCHEDULE_KEYS if getattr(train, key) is not None}
+    if patience and schedule.get("lr_decay_patience", 0) >= patience:
         raise ConfigError([("lr_decay_patience", f"{train.lr_decay_patience} never decays the learning rate: "
                                                  f"training stops after {patience} epochs without a gain (patience)")])
-    return dataclasses.replace(train, window_step=window_step, window_targets=window_targets, patience=patience)
+    schedule = {**resolve_schedule(objective, window_step, model_name), **schedule}
+    if patience and schedule["lr_decay_patience"] >= patience:
+        schedule["lr_decay_patience"] = 0
+    return dataclasses.replace(train, window_step=window_step, window_targets=window_targets, patience=patience,
+                               **schedule)
 
 
 def trains_on_histories(objective: str, window_step: int) -> bool:

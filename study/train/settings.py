@@ -83,21 +83,24 @@ class TrainConfig:
     train_negatives: int = 256  # eSASRec's SS-256
     train_negative_sampler: str = "uniform"  # uniform or popularity, always with the logQ correction
     # optimisation
-    lr: float = setting(1e-3, STEP_COST)
+    # The learning-rate schedule: lr, lr_warmup_steps and lr_decay_patience. None (`auto`) = the model family's
+    # validated schedule where it trains its default objective on whole-history windows, else a constant LR
+    # (study.train.objectives.resolve_schedule)
+    lr: float | None = setting(None, STEP_COST)
     weight_decay: float = setting(0.0, STEP_COST)
     # Adam's β₂ (β₁ stays torch's 0.9): torch's 0.999 by default; LISA's authors train with 0.98
     adam_beta2: float = setting(0.999, STEP_COST)
     # Learning-rate decay on a validation plateau: after lr_decay_patience epochs in a row without a better
     # selection_metric, the learning rate is multiplied by lr_decay_factor, and again after as many more (0 = a
     # constant lr). Keyed on validation rather than on a step count because early stopping, not a fixed horizon,
-    # decides how long a trial trains; set it below `patience`, or training stops before the first decay.
-    lr_decay_patience: int = 0
+    # decides how long a trial trains; a setting not below `patience` is refused, and an `auto` one resolves to 0 there.
+    lr_decay_patience: int | None = None
     lr_decay_factor: float = 0.5
     # Linear warm-up: optimizer step n (from 1) of a trial takes lr × n / lr_warmup_steps until n reaches it, so that
     # a long step does not start while Adam's moment estimates rest on a few batches (0 = none). Counted in steps,
     # as Adam counts them, so a resumed trial goes on warming up where it stopped. It scales the rate in force: a
     # plateau decay during the warm-up lowers the rate it climbs to
-    lr_warmup_steps: int = 0
+    lr_warmup_steps: int | None = None
     batch_size: int = 128
     max_epochs: int = setting(200, CONTINUES)
     # epochs without a better validation score (selection_metric) before stopping (0: never); None (`auto`) =
@@ -133,6 +136,16 @@ class TrainConfig:
     # each trimmed width and length group would be a graph to compile. The row records what ran.
     trim_padding: bool | None = setting(None, CONTINUES)
 
+    def schedule_text(self, steps_per_epoch: int) -> str:
+        """The learning-rate schedule, resolved, in words: what a person starting a trial is told."""
+        parts = [f"learning rate {self.lr:g}"]
+        if self.lr_warmup_steps:
+            parts.append(f"warmed up over {self.lr_warmup_steps} steps "
+                         f"(~{self.lr_warmup_steps / max(steps_per_epoch, 1):.1f} epochs)")
+        if self.lr_decay_patience:
+            parts.append(f"x{self.lr_decay_factor:g} after every {self.lr_decay_patience} epochs without a gain")
+        return ", ".join(parts) if len(parts) > 1 else f"{parts[0]}, constant"
+
     def constraint_errors(self) -> list[tuple[str, str]]:
         """Every value out of its range, as ``(key, why)``; the objective's name is checked against the model zoo's
         objectives by :func:`study.train.config.split_settings`."""
@@ -163,7 +176,7 @@ class TrainConfig:
             errors.append(("window_targets", f"must be auto or one of {WINDOW_TARGETS}, got {self.window_targets!r}"))
         if not 0.0 <= self.adam_beta2 < 1.0:  # torch's range; NaN fails it too
             errors.append(("adam_beta2", f"must be in [0, 1), got {self.adam_beta2}"))
-        if self.lr <= 0:
+        if self.lr is not None and self.lr <= 0:
             errors.append(("lr", f"must be > 0, got {self.lr}"))
         if not 0.0 < self.lr_decay_factor <= 1.0:
             errors.append(("lr_decay_factor", f"must be in (0, 1], got {self.lr_decay_factor}"))
@@ -180,6 +193,7 @@ class TrainConfig:
         return errors
 
 
+LR = 1e-3  # the constant rate of the `auto` schedule where no family schedule applies (SASRec's paper, RecBole's)
 PATIENCE = 10
 # A cloze epoch supervises about mask_prob (0.2) of the targets a causal epoch does, so it needs about five times
 # the epochs: the reproduction's BERT4Rec studies ran with patience 50 and their best epochs fell at 40-185.

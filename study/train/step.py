@@ -60,7 +60,7 @@ class TrainStep:
         self.train = dataclasses.replace(
             resolve_auto_settings(train, self.objective, model.config.max_len, model.name),
             trim_padding=trims_padding(train.trim_padding, device, train.compile))
-        self.optimizer = torch.optim.Adam(model.parameters(), lr=train.lr, betas=(0.9, train.adam_beta2),
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=self.train.lr, betas=(0.9, train.adam_beta2),
                                           weight_decay=train.weight_decay)
         # the cloze mask and the negatives draw from their own generator, so batches do not shift the model's RNG
         self.generator = torch.Generator().manual_seed(train.seed)

@@ -329,6 +329,7 @@ class _Trial:
         if progress:
             cost = epoch_cost(self.step, self.data, self.train_cfg, self.device)
             line, budget = cost.line(self.train_cfg.max_epochs), self.train_cfg.time_budget_s
+            line += f"\n  {self.train_cfg.schedule_text(cost.steps)}"
             # the bar counts up to max_epochs: say where a shorter budget will cut it (the epoch crossing it finishes)
             left = self.train_cfg.max_epochs - self.epochs_run  # a resumed trial's budget counts from this run
             fit = math.ceil(budget / cost.epoch_s) if budget and cost.epoch_s > 0 else left

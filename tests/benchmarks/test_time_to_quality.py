@@ -8,7 +8,15 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from benchmarks.time_to_quality import RECORDS, WAYS, Progress, TargetReached, campaign_reference, median_time
+from benchmarks.time_to_quality import (
+    RECORDS,
+    WAYS,
+    Progress,
+    TargetReached,
+    campaign_reference,
+    median_time,
+    settings_of,
+)
 
 
 def test_the_target_is_the_campaigns_sasrec_last_mean() -> None:
@@ -26,6 +34,10 @@ def test_the_clock_stops_at_the_first_epoch_that_reaches_the_target() -> None:
     assert WAYS["newest"] == {"window_step": 0} and WAYS["last"] == {"objective": "last"}
     assert WAYS["history-decay"]["lr_decay_patience"] == 3 and WAYS["history-decay"]["window_targets"] == "shifting"
     assert WAYS["history-warmup"]["lr_warmup_steps"] == 110 and WAYS["history-warmup"]["window_targets"] == "new"
+    # a way that names no schedule trains at the constant rate its records ran with, not at SASRec's schedule
+    ways = ("history", "history-decay", "history-warmup")
+    assert [settings_of(way)["lr_warmup_steps"] for way in ways] == [0, 0, 110]
+    assert settings_of("history")["lr"] == 1e-3 and settings_of("history-decay")["lr"] == 3e-3
 
 
 def test_until_target_ends_the_run_at_the_epoch_that_reaches_it() -> None:

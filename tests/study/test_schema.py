@@ -13,6 +13,7 @@ from models import ConfigError
 from study.analysis.runs import upgrade_rows
 from study.schema import SCHEMA, SCHEMA_KEY, UNSTAMPED, schema_of, upgrade_identity, upgrade_settings
 from study.train.config import split_settings
+from study.train.objectives import resolve_auto_settings
 from study.train.settings import TrainConfig
 from study.train.state import identity_changes, model_identity
 
@@ -46,8 +47,22 @@ def test_each_scope_gets_only_its_own_keys() -> None:
     assert "window_step" not in upgrade_settings("bert4rec", {}, UNSTAMPED, scope="model")
 
 
+def test_a_sasrec_record_from_before_the_family_schedule_reads_as_the_constant_rate_it_ran() -> None:
+    """Before SASRec's windows took a schedule of their own, a study that named no rate trained at a constant 1e-3;
+    its record lacks the keys, and must not read as today's `auto` schedule."""
+    def schedule(settings: dict) -> tuple:
+        train, _ = split_settings("sasrec", settings)
+        ran = resolve_auto_settings(train, "causal", 50, "sasrec")
+        return ran.lr, ran.lr_warmup_steps, ran.lr_decay_patience
+
+    recorded = {"window_step": 10, "seed": 3}
+    assert schedule(upgrade_settings("sasrec", recorded, 6)) == (1e-3, 0, 0)
+    assert schedule(upgrade_settings("sasrec", recorded, SCHEMA)) == (6e-3, 110, 3)
+
+
 def test_a_renamed_key_reads_as_todays_and_study_files_name_the_new_one() -> None:
     assert upgrade_settings("bert4rec", {"cloze_window_step": 5}, 2) == {"window_step": 5, "window_targets": "all",
+                                                                         "lr": 0.001,
                                                                          "sampled_test_negatives": 0,
                                                                          "lr_decay_patience": 0,
                                                                          "lr_decay_factor": 0.5,

@@ -12,8 +12,7 @@ from study.campaign.runner import RECORD_FILES, finished_seeds
 from study.campaign.spec import load_campaign
 from study.spec.yaml_io import read_yaml
 from study.train.config import split_settings
-from study.train.objectives import resolve_objective, resolve_windows
-from study.train.settings import resolve_patience
+from study.train.objectives import CONSTANT_SCHEDULE, resolve_auto_settings, resolve_objective
 
 HOME = Path(__file__).resolve().parents[3] / "experiments" / "reproduction"
 
@@ -32,9 +31,11 @@ def test_the_campaign_file_loads_and_each_ablation_table_is_headed_by_its_full_m
     # the whole-history windows, and BERT4Rec's output bias, which this study alone ran again with
     ("bert4rec", "bert4rec-sliding-windows", {"window_step": 5, "output_bias": True}),
     ("cotten4rec", "cotten4rec-sliding-windows", {"window_step": 5}),
-    # today's default windows
+    # today's default windows, and SASRec's learning-rate schedule on them
+    ("sasrec", "sasrec-history", {"window_step": 10, "window_targets": "new", "lr": 6e-3, "lr_warmup_steps": 110,
+                                  "lr_decay_patience": 3}),
     *[(family, f"{family}-history", {"window_step": 10, "window_targets": "new"})
-      for family in ("sasrec", "gru4rec", "hstu", "fpmc")],
+      for family in ("gru4rec", "hstu", "fpmc")],
     *[(base, ablation, {"window_step": 10, "window_targets": "new"})
       for base, ablation in (("lisa-base-init", "lisa-history"), ("sasrec-1l1h", "sasrec-1l1h-history"))]])
 def test_an_ablation_differs_from_its_full_model_by_the_keys_it_names(main_study: str, ablation: str,
@@ -42,7 +43,8 @@ def test_an_ablation_differs_from_its_full_model_by_the_keys_it_names(main_study
     main, _ = read_yaml(HOME / "studies" / f"{main_study}.yaml")
     changed, _ = read_yaml(HOME / "studies" / f"{ablation}.yaml")
     for key, value in changes.items():
-        assert not main["fixed"].pop(key, None)  # off: each user's newest window, no samples, no bias
+        # off: each user's newest window, no samples, no bias, the constant rate
+        assert main["fixed"].pop(key, None) in (None, 0, False, CONSTANT_SCHEDULE.get(key, 0))
         assert changed["fixed"].pop(key) == value
     assert changed.pop("name") == f"repro-ml100k-{ablation}"
     main.pop("name")
@@ -80,10 +82,8 @@ def resolved(model: str, settings: dict) -> dict:
     sizes = {"num_items": 10, **({"num_users": 10} if "num_users" in models.config_fields(model) else {})}
     config = models.make_config(model, **sizes, **hparams)
     objective = resolve_objective(models.build(model, **sizes, **hparams), train.objective)
-    window_step, window_targets = resolve_windows(objective, train.window_step, train.window_targets,
-                                                  config.max_len, model)
-    return {**config.to_dict(), **vars(train), "objective": objective, "window_step": window_step,
-            "window_targets": window_targets, "patience": resolve_patience(objective, train.patience)}
+    return {**config.to_dict(), **vars(resolve_auto_settings(train, objective, config.max_len, model)),
+            "objective": objective}
 
 
 @pytest.mark.parametrize("model", sorted(DEFAULTS_RAN_AS))

@@ -10,12 +10,13 @@ import pytest
 import torch
 
 import models
-from study.train.config import TrainConfig
+from study.train.config import TrainConfig, split_settings
 from study.train.objectives import (
     history_new_target_windows,
     history_prefix_windows,
     history_windows,
     objective_loss,
+    resolve_auto_settings,
     resolve_objective,
     resolve_windows,
     scored_positions,
@@ -122,6 +123,31 @@ def test_window_settings_resolve_per_objective_and_refuse_what_they_cannot_mean(
         assert error.value.errors[0][0] == key
     step = TrainStep(models.build("sasrec", num_items=10, max_len=5), TrainConfig())
     assert (step.train.window_step, step.train.window_targets) == (1, "new")
+
+
+def resolved_schedule(model: str, **settings) -> tuple[float, int, int]:
+    """``(lr, lr_warmup_steps, lr_decay_patience)`` of a trial of ``model`` at its defaults over ``settings``."""
+    train, hparams = split_settings(model, settings)
+    objective = resolve_objective(models.build(model, num_items=30, **hparams), train.objective)
+    ran = resolve_auto_settings(train, objective, hparams.get("max_len", 50), model)
+    return ran.lr, ran.lr_warmup_steps, ran.lr_decay_patience
+
+
+def test_a_familys_schedule_applies_only_where_it_was_validated_and_each_key_set_wins():
+    assert resolved_schedule("sasrec") == (6e-3, 110, 3)  # the causal CE on whole-history windows
+    for elsewhere in ({"window_step": 0}, {"objective": "last"}, {"objective": "bce"}, {"objective": "sampled_ce"}):
+        assert resolved_schedule("sasrec", **elsewhere) == (1e-3, 0, 0), elsewhere
+    assert resolved_schedule("gru4rec") == resolved_schedule("lisa") == (1e-3, 0, 0)  # validated at the constant rate
+    assert resolved_schedule("sasrec", lr=2e-3) == (2e-3, 110, 3)  # the keys not set stay the family's
+    assert resolved_schedule("sasrec", window_step=0, lr_warmup_steps=5) == (1e-3, 5, 0)
+    assert resolved_schedule("sasrec", lr="auto", lr_decay_patience="auto") == (6e-3, 110, 3)
+    # training that stops before a decay could come runs without one; a decay set so is refused (it never runs)
+    assert resolved_schedule("sasrec", patience=3) == (6e-3, 110, 0)
+    assert resolved_schedule("sasrec", patience=0) == (6e-3, 110, 3)  # never stops
+    with pytest.raises(models.ConfigError, match="lr_decay_patience: 3 never decays"):
+        resolved_schedule("sasrec", patience=3, lr_decay_patience=3)
+    step = TrainStep(models.build("sasrec", num_items=10, max_len=5), TrainConfig())
+    assert step.optimizer.param_groups[0]["lr"] == 6e-3 and step.train.lr_warmup_steps == 110  # what a step takes
 
 
 def test_settings_a_step_resolved_resolve_to_themselves_for_every_model_and_objective():

@@ -56,3 +56,11 @@ def test_the_roles_load_without_torch() -> None:
     probe = "import sys, study.train.settings, study.spec.scaling_file; print('torch' in sys.modules)"
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert loaded.stdout.strip() == "False"
+
+
+def test_a_trial_is_told_its_schedule_in_words() -> None:
+    warmed = TrainConfig(lr=6e-3, lr_warmup_steps=110, lr_decay_patience=3)
+    assert warmed.schedule_text(55) == ("learning rate 0.006, warmed up over 110 steps (~2.0 epochs), x0.5 after "
+                                        "every 3 epochs without a gain")
+    constant = TrainConfig(lr=1e-3, lr_warmup_steps=0, lr_decay_patience=0)
+    assert constant.schedule_text(8) == "learning rate 0.001, constant"

@@ -24,7 +24,7 @@ def fresh_step(num_items: int, **settings) -> TrainStep:
     torch.manual_seed(0)
     model = models.build("sasrec", num_items=num_items, max_len=20, hidden_size=16, num_layers=1, dropout=0.0,
                          attn_dropout=0.0)
-    return TrainStep(model, TrainConfig(lr=LR, **settings))
+    return TrainStep(model, TrainConfig(lr=LR, **{"lr_warmup_steps": 0, "lr_decay_patience": 0, **settings}))
 
 
 def weights(step: TrainStep) -> list[torch.Tensor]:
