@@ -155,7 +155,7 @@ class ModelConfig:
 class TrainingSchedule:
     """A learning-rate schedule a model family's default training was validated with (see
     :attr:`SeqRecModel.history_schedule`). Each field is the trainer setting of the same name: the rate, the steps
-    of its linear warm-up, and the epochs without a validation gain after which it is halved (0 = none)."""
+    of its linear warm-up, and the epochs without a validation gain after which it decays (0 = none)."""
 
     lr: float
     lr_warmup_steps: int = 0
