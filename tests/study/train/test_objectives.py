@@ -128,7 +128,8 @@ def test_window_settings_resolve_per_objective_and_refuse_what_they_cannot_mean(
 def resolved_schedule(model: str, **settings) -> tuple[float, int, int]:
     """``(lr, lr_warmup_steps, lr_decay_patience)`` of a trial of ``model`` at its defaults over ``settings``."""
     train, hparams = split_settings(model, settings)
-    objective = resolve_objective(models.build(model, num_items=30, **hparams), train.objective)
+    users = {"num_users": 5} if models.model_class(model).needs_users else {}
+    objective = resolve_objective(models.build(model, num_items=30, **users, **hparams), train.objective)
     ran = resolve_auto_settings(train, objective, hparams.get("max_len", 50), model)
     return ran.lr, ran.lr_warmup_steps, ran.lr_decay_patience
 
@@ -137,7 +138,10 @@ def test_a_familys_schedule_applies_only_where_it_was_validated_and_each_key_set
     assert resolved_schedule("sasrec") == (6e-3, 110, 3)  # the causal CE on whole-history windows
     for elsewhere in ({"window_step": 0}, {"objective": "last"}, {"objective": "bce"}, {"objective": "sampled_ce"}):
         assert resolved_schedule("sasrec", **elsewhere) == (1e-3, 0, 0), elsewhere
-    assert resolved_schedule("gru4rec") == resolved_schedule("lisa") == (1e-3, 0, 0)  # validated at the constant rate
+    assert resolved_schedule("gru4rec") == (6e-3, 110, 3)
+    assert resolved_schedule("gru4rec", window_step=0) == (1e-3, 0, 0)
+    for constant in ("lisa", "hstu", "fpmc"):  # validated at the constant rate
+        assert resolved_schedule(constant) == (1e-3, 0, 0), constant
     assert resolved_schedule("sasrec", lr=2e-3) == (2e-3, 110, 3)  # the keys not set stay the family's
     assert resolved_schedule("sasrec", window_step=0, lr_warmup_steps=5) == (1e-3, 5, 0)
     assert resolved_schedule("sasrec", lr="auto", lr_decay_patience="auto") == (6e-3, 110, 3)
