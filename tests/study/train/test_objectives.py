@@ -10,11 +10,9 @@ import pytest
 import torch
 
 import models
+from study.train.batches import history_new_target_windows, history_prefix_windows, history_windows
 from study.train.config import TrainConfig, split_settings
 from study.train.objectives import (
-    history_new_target_windows,
-    history_prefix_windows,
-    history_windows,
     objective_loss,
     resolve_auto_settings,
     resolve_objective,

@@ -14,10 +14,11 @@ import torch
 
 import models
 from models import ConfigError
+from study.train.batches import history_prefix_windows
 from study.train.config import TrainConfig, split_settings
 from study.train.cost import EpochCost
 from study.train.metrics import EvalSplit, evaluate
-from study.train.objectives import NegativeSampler, computed_positions, history_prefix_windows, objective_loss
+from study.train.objectives import NegativeSampler, computed_positions, objective_loss
 from study.train.padding import length_groups, padding_columns, trim_padding, trims_padding
 from study.train.step import TrainStep
 from study.train.trainer import TrialData, run_trial
