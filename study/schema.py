@@ -48,13 +48,12 @@ ADDED = (
     Added(2, "query_batchnorm", False, model="elastic"),
     Added(2, "key_heads", 1, model="elastic"),
     Added(4, "sampled_test_negatives", 0),  # full-ranking test metrics only
-    Added(5, "lr_decay_patience", 0),  # a constant learning rate
     Added(5, "lr_decay_factor", 0.5),  # read only when lr_decay_patience is set
-    Added(6, "lr_warmup_steps", 0),  # the full rate from the first step
-    # the constant 1e-3 that was the trainer's default before SASRec's windows took a schedule of their own
+    # The schedule's keys were added at 5 (the decay) and 6 (the warm-up) and became `auto` at 7; until then every
+    # trial that did not set them ran at the constant rate, so 7 covers the records of all three
     Added(7, "lr", 1e-3),
-    Added(7, "lr_warmup_steps", 0),
-    Added(7, "lr_decay_patience", 0),
+    Added(7, "lr_warmup_steps", 0),  # the full rate from the first step
+    Added(7, "lr_decay_patience", 0),  # a constant learning rate
 )
 # an old key -> today's key, applied before ADDED (whose keys are today's)
 RENAMED: dict[str, str] = {"cloze_window_step": "window_step"}
