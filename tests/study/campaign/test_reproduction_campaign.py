@@ -31,10 +31,10 @@ def test_the_campaign_file_loads_and_each_ablation_table_is_headed_by_its_full_m
     # the whole-history windows, and BERT4Rec's output bias, which this study alone ran again with
     ("bert4rec", "bert4rec-sliding-windows", {"window_step": 5, "output_bias": True}),
     ("cotten4rec", "cotten4rec-sliding-windows", {"window_step": 5}),
-    # today's default windows, and SASRec's and GRU4Rec's learning-rate schedule on them
+    # today's default windows, and SASRec's, GRU4Rec's and FPMC's learning-rate schedule on them
     *[(family, f"{family}-history", {"window_step": 10, "window_targets": "new", "lr": 6e-3, "lr_warmup_steps": 110,
-                                     "lr_decay_patience": 3}) for family in ("sasrec", "gru4rec")],
-    *[(family, f"{family}-history", {"window_step": 10, "window_targets": "new"}) for family in ("hstu", "fpmc")],
+                                     "lr_decay_patience": 3}) for family in ("sasrec", "gru4rec", "fpmc")],
+    ("hstu", "hstu-history", {"window_step": 10, "window_targets": "new"}),
     *[(base, ablation, {"window_step": 10, "window_targets": "new"})
       for base, ablation in (("lisa-base-init", "lisa-history"), ("sasrec-1l1h", "sasrec-1l1h-history"))]])
 def test_an_ablation_differs_from_its_full_model_by_the_keys_it_names(main_study: str, ablation: str,

@@ -136,9 +136,11 @@ def test_a_familys_schedule_applies_only_where_it_was_validated_and_each_key_set
     assert resolved_schedule("sasrec") == (6e-3, 110, 3)  # the causal CE on whole-history windows
     for elsewhere in ({"window_step": 0}, {"objective": "last"}, {"objective": "bce"}, {"objective": "sampled_ce"}):
         assert resolved_schedule("sasrec", **elsewhere) == (1e-3, 0, 0), elsewhere
-    assert resolved_schedule("gru4rec") == (6e-3, 110, 3)
-    assert resolved_schedule("gru4rec", window_step=0) == (1e-3, 0, 0)
-    for constant in ("lisa", "hstu", "fpmc"):  # validated at the constant rate
+    for validated_too in ("gru4rec", "fpmc"):
+        assert resolved_schedule(validated_too) == (6e-3, 110, 3), validated_too
+        assert resolved_schedule(validated_too, window_step=0) == (1e-3, 0, 0), validated_too
+    assert resolved_schedule("fpmc", objective="bce") == (1e-3, 0, 0)
+    for constant in ("lisa", "hstu"):  # validated at the constant rate
         assert resolved_schedule(constant) == (1e-3, 0, 0), constant
     assert resolved_schedule("sasrec", lr=2e-3) == (2e-3, 110, 3)  # the keys not set stay the family's
     assert resolved_schedule("sasrec", window_step=0, lr_warmup_steps=5) == (1e-3, 5, 0)
