@@ -21,7 +21,7 @@ Choices the paper leaves open, or that differ from it:
   target once an epoch), as the paper trains on every transition, rather than only each user's newest window.
   On those windows it trains with SASRec's learning-rate schedule (``history_schedule``: 6e-3, warmed up linearly
   over the first 110 steps, halved after every 3 epochs without a validation gain), where the paper and RecBole use
-  a constant rate (1e-3, which it keeps on the newest window and under ``last`` and ``bce``).
+  a constant rate (RecBole's 1e-3, which FPMC keeps on the newest window and under ``last`` and ``bce``).
 - Init: Xavier-normal factor tables, as RecBole's FPMC (the paper draws from N(0, 0.01)); no regularisation
   beyond the trainer's weight decay. d = 64 is RecBole's default.
 - No dropout: FPMC has none.
