@@ -288,12 +288,18 @@ def load_text() -> str:
     return f"load average {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} CPUs"
 
 
-def prepared_ml100k(args: argparse.Namespace) -> Path:
+def prepared_recipe(dataset: str, source: str | None, max_len: int) -> Path:
+    """``dataset`` prepared with windows of ``max_len`` items, in ``$SEQREC_DATA`` if set, else in a private cache,
+    so that a benchmark writes nowhere else."""
     from study.data import prepare
 
-    if "SEQREC_DATA" not in os.environ:  # a private cache: the benchmark writes nowhere else
-        os.environ["SEQREC_DATA"] = tempfile.mkdtemp(prefix="seqrec-speed-")
-    return prepare("ml-100k", source=args.source, max_len=max(args.max_len, 200), progress=False)
+    if "SEQREC_DATA" not in os.environ:
+        os.environ["SEQREC_DATA"] = tempfile.mkdtemp(prefix="seqrec-bench-")
+    return prepare(dataset, source=source, max_len=max_len, progress=False)
+
+
+def prepared_ml100k(args: argparse.Namespace) -> Path:
+    return prepared_recipe("ml-100k", args.source, max(args.max_len, 200))
 
 
 def build_parser() -> argparse.ArgumentParser:

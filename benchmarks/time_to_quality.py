@@ -37,15 +37,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import statistics
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from benchmarks.defaults_search import CANDIDATES
-from benchmarks.speed import load_text
+from benchmarks.speed import load_text, prepared_recipe
 from study.environment import cpu_text
 from study.train.objectives import CONSTANT_SCHEDULE
 
@@ -130,13 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--until-target", action="store_true",
                         help="end each run at the first epoch that reaches the target")
     args = parser.parse_args(argv)
-    from study.data import prepare
-
     reference = args.reference if args.reference is not None else campaign_reference(args.dataset)
     target = 0.9 * reference
-    if "SEQREC_DATA" not in os.environ:  # a private cache: the benchmark writes nowhere else
-        os.environ["SEQREC_DATA"] = tempfile.mkdtemp(prefix="seqrec-ttq-")
-    prepared = prepare(args.dataset, source=args.source, max_len=50, progress=False)
+    prepared = prepared_recipe(args.dataset, args.source, 50)
     ways = args.only or list(WAYS)
     print(f"{args.dataset}: target test NDCG@10 {target:.4f} (0.9 x {reference:.4f}); {args.threads} threads, "
           f"at most {args.budget:.0f} s a run{', ended at the target' if args.until_target else ''}; {cpu_text()}; "
