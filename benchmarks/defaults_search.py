@@ -36,6 +36,7 @@ import torch
 
 import models
 from benchmarks.speed import TARGET_NDCG, load_text, prepared_recipe
+from study.data import RECIPES
 from study.environment import cpu_text
 from study.train.metrics import user_metric
 from study.train.objectives import CONSTANT_SCHEDULE
@@ -274,7 +275,8 @@ def summarise(label: str, runs: list[Run], budget: float, target: float | None =
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.defaults_search", description=__doc__.split("\n")[0])
-    parser.add_argument("--dataset", default="ml-100k", help="a recipe name (python -m study.data list)")
+    parser.add_argument("--dataset", default="ml-100k", choices=list(RECIPES),
+                        help="a recipe name (python -m study.data list)")
     parser.add_argument("--source", help="the recipe's local source (for ml-100k a folder with ml-100k.inter or "
                                          "u.data); default: download where the recipe can")
     parser.add_argument("--model", default="sasrec", choices=models.available())

@@ -44,6 +44,7 @@ from typing import Any
 
 from benchmarks.defaults_search import CANDIDATES
 from benchmarks.speed import load_text, prepared_recipe
+from study.data import RECIPES
 from study.environment import cpu_text
 from study.train.objectives import CONSTANT_SCHEDULE
 
@@ -118,7 +119,8 @@ def median_time(reached: list[float | None]) -> float | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.time_to_quality", description=__doc__.split("\n")[0])
-    parser.add_argument("--dataset", default="ml-100k", help="a recipe name (python -m study.data list)")
+    parser.add_argument("--dataset", default="ml-100k", choices=list(RECIPES),
+                        help="a recipe name (python -m study.data list)")
     parser.add_argument("--source", help="the recipe's local source; default: download where the recipe can")
     parser.add_argument("--seeds", type=int, default=3, help="seeds per way (1, 2, ...)")
     parser.add_argument("--threads", type=int, default=2)

@@ -186,6 +186,14 @@ def test_dataset_runs_the_candidates_on_another_recipe_without_ml100ks_target(
     assert table_row.endswith("| - |") and "seconds to test >= 0.041: -;" in out
 
 
+def test_an_unknown_dataset_is_refused_before_anything_is_prepared(data_cache: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as refused:
+        defaults_search.main(["--dataset", "movielens", "--only", "max_len=50"])
+    assert refused.value.code == 2 and "invalid choice: 'movielens'" in capsys.readouterr().err
+    assert not data_cache.exists()
+
+
 def test_the_time_to_quality_column_reads_not_reached_only_under_a_target() -> None:
     missed = defaults_search.summarise("c", [defaults_search.Run(epochs=[(10.0, 0.05, 0.0)], valid=[0.05],
                                                                  ranks=[np.array([1, 20])])], budget=1e9)
