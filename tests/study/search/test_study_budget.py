@@ -43,6 +43,54 @@ def _checkpoints_per_trial(out: Path) -> list[int]:
     return [len(list(trial.glob("checkpoint_*"))) for trial in (out / "tune").iterdir() if trial.is_dir()]
 
 
+def _check_stopped_trials_are_results(out: Path, stdout: str) -> dict[str, dict]:
+    """The records, tables, summary and Optuna study of a sweep whose budget stopped its two trials; returns the
+    stopped trials' records by trial id."""
+    records = {p.stem: json.loads(p.read_text()) for p in (out / "trials").glob("*.json")}
+    stopped = {tid: r for tid, r in records.items() if r["stop_reason"] == "study_time_budget"}
+    assert len(stopped) == 2, {tid: r["stop_reason"] for tid, r in records.items()}
+    for record in stopped.values():
+        epochs = _history_epochs(record)
+        assert record["status"] == "ok" and epochs == list(range(1, len(epochs) + 1)) and epochs
+        assert record["last_report"]["best_valid_ndcg@10"] == max(r["valid_ndcg@10"] for r in record["history"])
+    trials = pd.read_parquet(out / "trials.parquet")
+    assert set(trials["trial_id"]) == set(records)
+    best = trials.sort_values("valid_ndcg@10", ascending=False).iloc[0]
+    assert "best by valid_ndcg@10 (max):" in stdout
+    summary_rows = stdout.split("best by valid_ndcg@10 (max):", 1)[1].splitlines()
+    assert summary_rows[2].split()[0] == best["trial_id"]  # the summary's best is the records' best
+    assert "2 stopped by the study's time budget" in stdout
+    # its last words say how to continue the trials it stopped (those stopped before their first epoch, which have
+    # no record, too)
+    last_words = " ".join(stdout.split())
+    assert re.search(r"to continue it, give it more: --resume --set budget\.time_budget_s=\d+$", last_words)
+    optuna_db = f"sqlite:///{out / 'optuna.db'}"
+    told = {t.user_attrs.get("tune_trial_id"): t for t in optuna.load_study(study_name="budget-resume",
+                                                                             storage=optuna_db).trials}
+    for trial_id, record in stopped.items():  # Optuna has their values, not a FAIL
+        assert told[trial_id].state == optuna.trial.TrialState.COMPLETE
+        assert told[trial_id].values == [record["last_report"]["best_valid_ndcg@10"]]
+    return stopped
+
+
+def _check_resumed_trials_went_on(out: Path, stopped: dict[str, dict]) -> None:
+    """Every trial the budget stopped went on after a resume with more time, losing and repeating no epoch."""
+    final = {p.stem: json.loads(p.read_text()) for p in (out / "trials").glob("*.json")}
+    assert set(stopped) <= set(final)  # (the third sample starts only if a slot frees up before the new budget ends)
+    for trial_id, before in stopped.items():
+        epochs = _history_epochs(final[trial_id])
+        assert epochs == list(range(1, len(epochs) + 1)), "an epoch lost or repeated"
+        assert len(epochs) > len(_history_epochs(before)), "the resumed trial went on from where it stopped"
+        # the epochs before the stop keep their metrics (an epoch after the last checkpoint may run again, with
+        # the same metrics and its own timings)
+        kept = [{k: v for k, v in row.items() if k.startswith(("valid_", "best_")) or k in ("epoch", "train_loss")}
+                for row in final[trial_id]["history"][:len(before["history"])]]
+        assert kept == [{k: v for k, v in row.items() if k in kept[0]} for row in before["history"]]
+    history = pd.read_parquet(out / "history.parquet")
+    assert not history.duplicated(["trial_id", "epoch"]).any()
+    assert max(_checkpoints_per_trial(out)) == 1
+
+
 def test_a_time_budget_keeps_the_trials_it_stops_and_a_resume_with_more_time_continues_them(
         tmp_path: Path, synthetic_lastfm_file: Path) -> None:
     out = tmp_path / "out"
@@ -81,30 +129,7 @@ def test_a_time_budget_keeps_the_trials_it_stops_and_a_resume_with_more_time_con
     # keep: 1, also where the budget stopped a trial after it wrote a checkpoint the driver never registered
     assert max(_checkpoints_per_trial(out)) == 1
 
-    records = {p.stem: json.loads(p.read_text()) for p in (out / "trials").glob("*.json")}
-    stopped = {tid: r for tid, r in records.items() if r["stop_reason"] == "study_time_budget"}
-    assert len(stopped) == 2, {tid: r["stop_reason"] for tid, r in records.items()}
-    for record in stopped.values():
-        epochs = _history_epochs(record)
-        assert record["status"] == "ok" and epochs == list(range(1, len(epochs) + 1)) and epochs
-        assert record["last_report"]["best_valid_ndcg@10"] == max(r["valid_ndcg@10"] for r in record["history"])
-    trials = pd.read_parquet(out / "trials.parquet")
-    assert set(trials["trial_id"]) == set(records)
-    best = trials.sort_values("valid_ndcg@10", ascending=False).iloc[0]
-    assert "best by valid_ndcg@10 (max):" in stdout
-    summary_rows = stdout.split("best by valid_ndcg@10 (max):", 1)[1].splitlines()
-    assert summary_rows[2].split()[0] == best["trial_id"]  # the summary's best is the records' best
-    assert "2 stopped by the study's time budget" in stdout
-    # its last words say how to continue the trials it stopped (those stopped before their first epoch, which have
-    # no record, too)
-    last_words = " ".join(stdout.split())
-    assert re.search(r"to continue it, give it more: --resume --set budget\.time_budget_s=\d+$", last_words)
-    optuna_db = f"sqlite:///{out / 'optuna.db'}"
-    told = {t.user_attrs.get("tune_trial_id"): t for t in optuna.load_study(study_name="budget-resume",
-                                                                             storage=optuna_db).trials}
-    for trial_id, record in stopped.items():  # Optuna has their values, not a FAIL
-        assert told[trial_id].state == optuna.trial.TrialState.COMPLETE
-        assert told[trial_id].values == [record["last_report"]["best_valid_ndcg@10"]]
+    stopped = _check_stopped_trials_are_results(out, stdout)
 
     # the budget is spent: a resume says so in one line and how to give more time
     again = subprocess.run(command + ["--resume"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
@@ -119,20 +144,7 @@ def test_a_time_budget_keeps_the_trials_it_stops_and_a_resume_with_more_time_con
                              env=env, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "╭" not in resumed.stdout and "AIR_VERBOSITY" not in resumed.stderr  # no Tune tables on a resume
-    final = {p.stem: json.loads(p.read_text()) for p in (out / "trials").glob("*.json")}
-    assert set(stopped) <= set(final)  # (the third sample starts only if a slot frees up before the new budget ends)
-    for trial_id, before in stopped.items():
-        epochs = _history_epochs(final[trial_id])
-        assert epochs == list(range(1, len(epochs) + 1)), "an epoch lost or repeated"
-        assert len(epochs) > len(_history_epochs(before)), "the resumed trial went on from where it stopped"
-        # the epochs before the stop keep their metrics (an epoch after the last checkpoint may run again, with
-        # the same metrics and its own timings)
-        kept = [{k: v for k, v in row.items() if k.startswith(("valid_", "best_")) or k in ("epoch", "train_loss")}
-                for row in final[trial_id]["history"][:len(before["history"])]]
-        assert kept == [{k: v for k, v in row.items() if k in kept[0]} for row in before["history"]]
-    history = pd.read_parquet(out / "history.parquet")
-    assert not history.duplicated(["trial_id", "epoch"]).any()
-    assert max(_checkpoints_per_trial(out)) == 1
+    _check_resumed_trials_went_on(out, stopped)
 
 
 def test_a_finished_study_resumes_only_with_more_samples(tmp_path: Path, synthetic_lastfm_file: Path,
